@@ -1,0 +1,1 @@
+"""Benchmarks that print figures: headless replay and friends."""

@@ -1,0 +1,69 @@
+"""Control traces in the TeleFuser shape, replayed on the media clock.
+
+    {"events": [{"delay_s": 1.0, "message": {"type": "control", "key": "ArrowUp", "action": "press"}}, …]}
+
+`delay_s` is the wait before an event, counted from the previous event (so a trace replays as a
+sequence of sleeps, the way a client would send it). A chunk takes the control state in force at
+its start time on the media clock: every event at or before that time has been applied.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workers.controls import ControlState
+from workers.models.camera import ChunkControl
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    at_s: float  # absolute time on the media clock
+    message: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Trace:
+    events: tuple[TraceEvent, ...]
+
+    @staticmethod
+    def parse(data: Any) -> Trace:
+        if not isinstance(data, dict) or not isinstance(data.get("events"), list):
+            raise ValueError("trace must be a JSON object with an 'events' list")
+        events, clock = [], 0.0
+        for i, item in enumerate(data["events"]):
+            if not isinstance(item, dict) or not isinstance(item.get("message"), dict):
+                raise ValueError(f"trace event {i} needs a 'message' object")
+            delay = item.get("delay_s", 0.0)
+            if not isinstance(delay, int | float) or not math.isfinite(delay) or delay < 0:
+                raise ValueError(f"trace event {i}: delay_s must be a non-negative number")
+            clock += float(delay)
+            events.append(TraceEvent(at_s=clock, message=item["message"]))
+        return Trace(tuple(events))
+
+    @staticmethod
+    def load(path: str | Path) -> Trace:
+        return Trace.parse(json.loads(Path(path).read_text()))
+
+    @property
+    def duration_s(self) -> float:
+        return self.events[-1].at_s if self.events else 0.0
+
+
+class TraceReplayer:
+    """Yields each chunk's control, given the chunk's start time on the media clock."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.state = ControlState()
+        self._next = 0
+
+    def control_at(self, start_s: float) -> tuple[ChunkControl, bool]:
+        events = self.trace.events
+        while self._next < len(events) and events[self._next].at_s <= start_s:
+            self.state.apply(events[self._next].message)
+            self._next += 1
+        return self.state.sample()

@@ -1,0 +1,1 @@
+"""The signaling and streaming server (FastAPI + aiortc)."""

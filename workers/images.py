@@ -1,0 +1,70 @@
+"""Start images: read from a file or array, fit to the model resolution, convert to model range."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+
+MAX_IMAGE_PIXELS = 64_000_000  # refuse decompression bombs early
+
+
+class ImageError(ValueError):
+    """An image that cannot be read or used."""
+
+
+def read_image(source: str | Path | bytes | np.ndarray) -> np.ndarray:
+    """Any supported source -> HxWx3 uint8 RGB."""
+    if isinstance(source, np.ndarray):
+        arr = source
+        if arr.ndim == 2:
+            arr = np.repeat(arr[..., None], 3, axis=-1)
+        if arr.ndim != 3 or arr.shape[-1] not in (3, 4):
+            raise ImageError(f"image array must be HxWx3 (or HxWx4), got shape {arr.shape}")
+        if arr.dtype != np.uint8:
+            raise ImageError(f"image array must be uint8, got {arr.dtype}")
+        return np.ascontiguousarray(arr[..., :3])
+    Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
+    try:
+        if isinstance(source, bytes):
+            import io
+
+            img = Image.open(io.BytesIO(source))
+        else:
+            img = Image.open(source)
+        img.load()
+    except FileNotFoundError:
+        raise ImageError(f"image file not found: {source}") from None
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
+        raise ImageError(f"unreadable image: {exc}") from None
+    return np.asarray(img.convert("RGB"))
+
+
+def fit_image(rgb: np.ndarray, height_px: int, width_px: int) -> np.ndarray:
+    """Centre-crop to the target aspect ratio, then resize (bicubic). Returns HxWx3 uint8."""
+    h, w = rgb.shape[:2]
+    target = width_px / height_px
+    if w / h > target:
+        crop_w = round(h * target)
+        x0 = (w - crop_w) // 2
+        rgb = rgb[:, x0 : x0 + crop_w]
+    elif w / h < target:
+        crop_h = round(w / target)
+        y0 = (h - crop_h) // 2
+        rgb = rgb[y0 : y0 + crop_h]
+    if rgb.shape[:2] != (height_px, width_px):
+        rgb = np.asarray(Image.fromarray(rgb).resize((width_px, height_px), Image.Resampling.BICUBIC))
+    return np.ascontiguousarray(rgb)
+
+
+def to_model_range(rgb: np.ndarray) -> torch.Tensor:
+    """HxWx3 uint8 -> [3, H, W] float32 in [-1, 1]."""
+    return torch.from_numpy(np.array(rgb)).permute(2, 0, 1).float().div(127.5).sub(1.0)
+
+
+def to_uint8_frames(video: torch.Tensor) -> np.ndarray:
+    """[3, T, H, W] in [-1, 1] -> [T, H, W, 3] uint8."""
+    frames = video.float().clamp(-1, 1).add(1).mul(127.5).round().to(torch.uint8)
+    return frames.permute(1, 2, 3, 0).contiguous().cpu().numpy()

@@ -1,0 +1,294 @@
+"""The Wan diffusion transformer with LingBot-World camera control, run causally chunk by chunk.
+
+Module and parameter names follow the official checkpoints exactly (`patch_embedding`,
+`patch_embedding_wancamctrl`, `c2ws_hidden_states_layer{1,2}`, `blocks.N.cam_*`, `head.head`, …),
+so `load_state_dict(strict=True)` takes a released state dict with no renaming.
+
+Layout inside the blocks: hidden states are [B, F, S, dim] (F latent frames, S tokens per frame),
+so per-frame timestep modulation [B, F, 1, dim] broadcasts over a frame's tokens without copies.
+The residual stream and all modulation are float32; linear layers run in the weight dtype
+(bf16 on GPU), mirroring the reference's autocast regions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from workers.models.kv_cache import LayerKVCache, SessionKVCache
+from workers.models.presets import DiTConfig
+from workers.models.rope import apply_rope, rope_cos_sin
+
+
+def sinusoidal_embedding(dim: int, t: torch.Tensor) -> torch.Tensor:
+    """[n] timesteps -> [n, dim] (cos half, then sin half), computed in float64."""
+    half = dim // 2
+    freqs = torch.pow(10000.0, -torch.arange(half, dtype=torch.float64, device=t.device) / half)
+    angles = t.to(torch.float64)[:, None] * freqs[None, :]
+    return torch.cat([angles.cos(), angles.sin()], dim=1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+class LayerNorm(nn.LayerNorm):
+    """LayerNorm computed in float32 whatever the input dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.float()).type_as(x)
+
+
+def _linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return layer(x.to(layer.weight.dtype))
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, dim: int, num_heads: int, eps: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.o = nn.Linear(dim, dim)
+        self.norm_q = RMSNorm(dim, eps)
+        self.norm_k = RMSNorm(dim, eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, L, dim]
+        rope: tuple[torch.Tensor, torch.Tensor],
+        cache: LayerKVCache | None,
+        commit: bool,
+        attn_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        b, length, _ = x.shape
+        heads = (b, length, self.num_heads, self.head_dim)
+        q = apply_rope(self.norm_q(_linear(self.q, x)).view(heads), *rope)
+        k = apply_rope(self.norm_k(_linear(self.k, x)).view(heads), *rope)
+        v = _linear(self.v, x).view(heads)
+        if cache is not None:
+            k, v = cache.attend_window(k, v, commit)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask
+        )
+        return _linear(self.o, out.transpose(1, 2).flatten(2))
+
+
+class CrossAttention(nn.Module):
+    def __init__(self, dim: int, num_heads: int, eps: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.o = nn.Linear(dim, dim)
+        self.norm_q = RMSNorm(dim, eps)
+        self.norm_k = RMSNorm(dim, eps)
+
+    def text_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-session K/V of the text, [B, heads, text_len, head_dim] each; computed once."""
+        b = context.shape[0]
+        k = self.norm_k(_linear(self.k, context)).view(b, -1, self.num_heads, self.head_dim)
+        v = _linear(self.v, context).view(b, -1, self.num_heads, self.head_dim)
+        return k.transpose(1, 2), v.transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        b, length, _ = x.shape
+        q = self.norm_q(_linear(self.q, x)).view(b, length, self.num_heads, self.head_dim)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), *kv)
+        return _linear(self.o, out.transpose(1, 2).flatten(2))
+
+
+class DiTBlock(nn.Module):
+    def __init__(self, cfg: DiTConfig) -> None:
+        super().__init__()
+        dim = cfg.dim
+        self.norm1 = LayerNorm(dim, cfg.eps, elementwise_affine=False)
+        self.self_attn = SelfAttention(dim, cfg.num_heads, cfg.eps)
+        self.norm3 = LayerNorm(dim, cfg.eps, elementwise_affine=True) if cfg.cross_attn_norm else nn.Identity()
+        self.cross_attn = CrossAttention(dim, cfg.num_heads, cfg.eps)
+        self.norm2 = LayerNorm(dim, cfg.eps, elementwise_affine=False)
+        self.ffn = nn.Sequential(nn.Linear(dim, cfg.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(cfg.ffn_dim, dim))
+        self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
+        # LingBot camera injector: four dim×dim linears per block.
+        self.cam_injector_layer1 = nn.Linear(dim, dim)
+        self.cam_injector_layer2 = nn.Linear(dim, dim)
+        self.cam_scale_layer = nn.Linear(dim, dim)
+        self.cam_shift_layer = nn.Linear(dim, dim)
+
+    def camera_modulation(self, cam: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cam [B, F, S, dim] -> (scale, shift), constant for the 5 forwards of a chunk."""
+        hidden = _linear(self.cam_injector_layer2, F.silu(_linear(self.cam_injector_layer1, cam))) + cam
+        return _linear(self.cam_scale_layer, hidden).float(), _linear(self.cam_shift_layer, hidden).float()
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, F, S, dim] float32
+        e: torch.Tensor,  # [B, F, 6, dim] float32
+        rope: tuple[torch.Tensor, torch.Tensor],
+        text_kv: tuple[torch.Tensor, torch.Tensor],
+        cam: tuple[torch.Tensor, torch.Tensor] | None,
+        cache: LayerKVCache | None,
+        commit: bool,
+        attn_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        shape = x.shape
+        mod = (self.modulation.unsqueeze(0).float() + e).chunk(6, dim=2)  # 6 × [B, F, 1, dim]
+        h = self.norm1(x) * (1 + mod[1]) + mod[0]
+        y = self.self_attn(h.flatten(1, 2), rope, cache, commit, attn_mask).view(shape)
+        x = x + y.float() * mod[2]
+        if cam is not None:
+            scale, shift = cam
+            x = (1.0 + scale) * x + shift
+        y = self.cross_attn(self.norm3(x).flatten(1, 2), text_kv).view(shape)
+        x = x + y.float()
+        h = self.norm2(x) * (1 + mod[4]) + mod[3]
+        y = _linear(self.ffn[2], self.ffn[1](_linear(self.ffn[0], h)))
+        return x + y.float() * mod[5]
+
+
+class Head(nn.Module):
+    def __init__(self, cfg: DiTConfig) -> None:
+        super().__init__()
+        out_features = math.prod(cfg.patch_size) * cfg.out_dim
+        self.norm = LayerNorm(cfg.dim, cfg.eps, elementwise_affine=False)
+        self.head = nn.Linear(cfg.dim, out_features)
+        self.modulation = nn.Parameter(torch.randn(1, 2, cfg.dim) / cfg.dim**0.5)
+
+    def forward(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        shift, scale = (self.modulation.unsqueeze(0).float() + e.unsqueeze(2)).chunk(2, dim=2)
+        return _linear(self.head, self.norm(x) * (1 + scale) + shift).float()
+
+
+@dataclass
+class ChunkCamera:
+    """Per-block camera (scale, shift) for one chunk, computed once and reused by its 5 forwards."""
+
+    per_block: list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class WanDiT(nn.Module):
+    def __init__(self, cfg: DiTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        dim = cfg.dim
+        self.patch_embedding = nn.Conv3d(cfg.in_dim, dim, kernel_size=cfg.patch_size, stride=cfg.patch_size)
+        self.patch_embedding_wancamctrl = nn.Linear(cfg.camera_in_features, dim)
+        self.c2ws_hidden_states_layer1 = nn.Linear(dim, dim)
+        self.c2ws_hidden_states_layer2 = nn.Linear(dim, dim)
+        self.text_embedding = nn.Sequential(
+            nn.Linear(cfg.text_dim, dim), nn.GELU(approximate="tanh"), nn.Linear(dim, dim)
+        )
+        self.time_embedding = nn.Sequential(nn.Linear(cfg.freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
+        self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(dim, dim * 6))
+        self.blocks = nn.ModuleList([DiTBlock(cfg) for _ in range(cfg.num_layers)])
+        self.head = Head(cfg)
+
+    # ---- per-session and per-chunk conditioning (computed once, reused) ----
+
+    def text_kv(self, context: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Text embeddings (each [n_i, text_dim]) -> per-block cross-attention K/V for the session."""
+        cfg = self.cfg
+        padded = torch.stack([F.pad(u, (0, 0, 0, cfg.text_len - u.shape[0])) for u in context])
+        ctx = self.text_embedding(padded.to(self.text_embedding[0].weight.dtype))
+        return [block.cross_attn.text_kv(ctx) for block in self.blocks]
+
+    def chunk_camera(self, plucker_cells: torch.Tensor) -> ChunkCamera:
+        """plucker_cells [B, 384, F, h, w] (Plücker rays grouped per latent cell) -> per-block modulation."""
+        b, c, f, h, w = plucker_cells.shape
+        _, ph, pw = self.cfg.patch_size
+        # (c, row offset, col offset) order inside each 1×2×2 patch, as the checkpoint expects.
+        tokens = (
+            plucker_cells.view(b, c, f, h // ph, ph, w // pw, pw)
+            .permute(0, 2, 3, 5, 1, 4, 6)
+            .reshape(b, f, (h // ph) * (w // pw), c * ph * pw)
+        )
+        cam = _linear(self.patch_embedding_wancamctrl, tokens)
+        cam = cam + _linear(self.c2ws_hidden_states_layer2, F.silu(_linear(self.c2ws_hidden_states_layer1, cam)))
+        return ChunkCamera([block.camera_modulation(cam) for block in self.blocks])
+
+    # ---- forward ----
+
+    def forward(
+        self,
+        noisy: torch.Tensor,  # [B, 16, F, h, w]
+        cond: torch.Tensor,  # [B, 20, F, h, w]: mask 4 + image-condition latent 16
+        t: torch.Tensor,  # [B] or [B, F] diffusion timesteps (0..1000)
+        text_kv: list[tuple[torch.Tensor, torch.Tensor]],
+        camera: ChunkCamera | None,
+        start_frame: int,
+        kv_cache: SessionKVCache | None = None,
+        commit: bool = False,
+        attn_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Predict the flow velocity for a chunk of latent frames.
+
+        With `kv_cache`, attends to the session's history (and commits this chunk's K/V when
+        `commit`). Without it, `attn_mask` (see `kv_cache.window_mask`) makes one forward over a
+        whole sequence behave like the streaming path; used as the reference in tests.
+        """
+        b, _, f, h, w = noisy.shape
+        _, ph, pw = self.cfg.patch_size
+        gh, gw = h // ph, w // pw
+        weight = self.patch_embedding.weight
+        x = self.patch_embedding(torch.cat([noisy, cond], dim=1).to(weight.dtype))  # [B, dim, F, gh, gw]
+        x = x.flatten(3).permute(0, 2, 3, 1).float()  # [B, F, S, dim]
+
+        if t.dim() == 1:
+            t = t[:, None].expand(b, f)
+        e = self.time_embedding(sinusoidal_embedding(self.cfg.freq_dim, t.flatten()).float())
+        e0 = self.time_projection(e).float().view(b, f, 6, self.cfg.dim)
+        e = e.float().view(b, f, self.cfg.dim)
+
+        rope = rope_cos_sin(self.cfg.head_dim, start_frame, f, gh, gw, x.device)
+        mask = None if attn_mask is None else attn_mask.to(x.device)
+        for i, block in enumerate(self.blocks):
+            x = block(
+                x,
+                e0,
+                rope,
+                text_kv[i],
+                None if camera is None else camera.per_block[i],
+                None if kv_cache is None else kv_cache.layers[i],
+                commit,
+                mask,
+            )
+        out = self.head(x, e)  # [B, F, S, 4·16]
+        c = self.cfg.out_dim
+        out = out.view(b, f, gh, gw, ph, pw, c).permute(0, 6, 1, 2, 4, 3, 5)
+        return out.reshape(b, c, f, h, w)
+
+
+def init_random_weights(model: WanDiT, seed: int) -> None:
+    """Seeded random weights for test fixtures and the untrained `tiny` preset.
+
+    Unlike training init (which zeroes the output head so a fresh model predicts nothing), the
+    head gets small random weights so that random-weight outputs respond to their inputs.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+            elif p.dim() >= 2 and "modulation" not in name:
+                fan_in = p[0].numel()
+                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(fan_in))
+            elif "modulation" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
+            else:
+                p.fill_(1.0)

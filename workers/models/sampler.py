@@ -1,0 +1,75 @@
+"""Few-step flow-matching sampling on the UniPC multistep schedule, as LingBot-World v2 fast uses it.
+
+The schedule is the flow-matching UniPC one: 1000 training steps, sigmas linearly spaced from
+0.999 to 0 and shifted by σ' = s·σ / (1 + (s − 1)·σ), timesteps = ⌊1000·σ'⌋. The distilled model
+samples only at a few indices of that 1000-step table (default [0, 250, 500, 750]): at each it
+predicts x0 = x_t − σ_t·v, then re-noises x0 to the next timestep with fresh noise from the
+session's seeded generator; the last step's x0 is the chunk's clean latent. No CFG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class FlowSchedule:
+    timesteps: torch.Tensor  # [N] int64, descending
+    sigmas: torch.Tensor  # [N] float32, matching timesteps
+
+    @staticmethod
+    def unipc(num_train_timesteps: int = 1000, shift: float = 10.0) -> FlowSchedule:
+        if shift <= 0:
+            raise ValueError(f"shift must be positive, got {shift}")
+        n = num_train_timesteps
+        # Training sigmas run from 1 - 1/n down to 0; the inference table spans that range.
+        alphas = np.linspace(1.0, 1.0 / n, n)[::-1].copy()
+        train_sigmas = torch.from_numpy(1.0 - alphas).to(torch.float32)
+        sigma_max, sigma_min = train_sigmas[0].item(), train_sigmas[-1].item()
+        sigmas = np.linspace(sigma_max, sigma_min, n + 1)[:-1]
+        sigmas = shift * sigmas / (1.0 + (shift - 1.0) * sigmas)
+        timesteps = torch.from_numpy(sigmas * n).to(torch.int64)
+        return FlowSchedule(timesteps=timesteps, sigmas=torch.from_numpy(sigmas).to(torch.float32))
+
+    def subset(self, indices: tuple[int, ...]) -> FlowSchedule:
+        idx = torch.tensor(indices, dtype=torch.long)
+        if idx.min() < 0 or idx.max() >= len(self.timesteps):
+            raise ValueError(f"timestep indices {indices} outside 0..{len(self.timesteps) - 1}")
+        return FlowSchedule(timesteps=self.timesteps[idx], sigmas=self.sigmas[idx])
+
+
+VelocityFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class FewStepSampler:
+    def __init__(self, schedule: FlowSchedule) -> None:
+        self.schedule = schedule
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.schedule.timesteps)
+
+    def sample(self, noise: torch.Tensor, velocity: VelocityFn, generator: torch.Generator) -> torch.Tensor:
+        """Denoise one chunk. `velocity(x_t, t)` runs the model; returns the clean latent x0."""
+        x_t = noise
+        x0 = noise
+        for i in range(self.num_steps):
+            t = self.schedule.timesteps[i]
+            v = velocity(x_t, t.reshape(1).to(noise.device))
+            x0 = self.predict_x0(x_t, v, i)
+            if i + 1 < self.num_steps:
+                fresh = torch.randn(x0.shape, generator=generator, dtype=x0.dtype, device=x0.device)
+                x_t = self.renoise(x0, fresh, i + 1)
+        return x0
+
+    def predict_x0(self, x_t: torch.Tensor, v: torch.Tensor, step: int) -> torch.Tensor:
+        sigma = self.schedule.sigmas[step].double()
+        return (x_t.double() - sigma * v.double()).to(x_t.dtype)
+
+    def renoise(self, x0: torch.Tensor, noise: torch.Tensor, step: int) -> torch.Tensor:
+        sigma = self.schedule.sigmas[step].to(x0.dtype)
+        return (1 - sigma) * x0 + sigma * noise

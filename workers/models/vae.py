@@ -1,0 +1,561 @@
+"""Wan2.1 causal video VAE with an explicit, per-session streaming state.
+
+Layout: pixels are [B, 3, T, H, W] in [-1, 1]; latents are [B, z_dim, T', H/8, W/8], stored
+normalised per channel as (mu - mean) / std. Module and parameter names follow the public
+`Wan2.1_VAE.pth` exactly, so that checkpoint loads with `load_state_dict(strict=True)`.
+
+Causality comes from convolutions that pad only the past in time. Streaming keeps, per temporal
+convolution, the last CACHE_T input frames of the previous call and feeds them in place of that
+zero padding, so running a video through in pieces gives bit-identical results to one pass. The
+encoder is always fed frame 0 alone and then groups of `temporal_stride` frames; the decoder one
+latent frame at a time. One-shot `encode`/`decode` are the same loop over a fresh state, which is
+what makes chunked and one-shot outputs equal rather than merely close.
+
+Cache tensors keep whatever autograd graph produced them, so a long-lived stream should run under
+`torch.inference_mode()` (or `no_grad`) to avoid holding every previous chunk's graph.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workers.models.presets import VAEConfig
+
+__all__ = [
+    "CACHE_T",
+    "FIRST_CALL",
+    "AttentionBlock",
+    "CausalConv3d",
+    "Decoder3d",
+    "Encoder3d",
+    "RMS_norm",
+    "Resample",
+    "ResidualBlock",
+    "VAEStreamState",
+    "WanVAE",
+    "count_cache_slots",
+]
+
+CACHE_T = 2  # frames of history a 3-tap causal temporal conv needs
+
+
+class _FirstCall:
+    """Marks a temporal-upsample slot whose first call has happened but which holds no frames yet.
+
+    The first latent frame of a stream is decoded to a single video frame, so the first call of
+    each temporal upsampler skips time upsampling; later calls must tell that state apart from
+    "never called" (None) and from a real frame cache (a tensor).
+    """
+
+    def __repr__(self) -> str:
+        return "FIRST_CALL"
+
+    def __reduce__(self) -> str:
+        # Copies and pickles of a stream state must still compare `is FIRST_CALL`.
+        return "FIRST_CALL"
+
+
+FIRST_CALL = _FirstCall()
+
+CacheSlot = torch.Tensor | _FirstCall | None
+CacheList = list[CacheSlot]
+
+
+class CausalConv3d(nn.Conv3d):
+    """3D convolution padded only on the past side in time; `cache_x` replaces that padding."""
+
+    # Index of this conv's slot in a stream cache; set by `_assign_cache_slots` for the convs
+    # whose temporal kernel spans more than one frame (1-frame kernels need no history).
+    cache_slot: int | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        pt, ph, pw = self.padding
+        # F.pad order: (w_left, w_right, h_top, h_bottom, t_front, t_back). All temporal padding
+        # goes to the front so an output frame never sees a later input frame.
+        self._causal_padding = (pw, pw, ph, ph, 2 * pt, 0)
+        self.padding = (0, 0, 0)
+
+    def forward(self, x: torch.Tensor, cache_x: torch.Tensor | None = None) -> torch.Tensor:
+        padding = list(self._causal_padding)
+        if cache_x is not None and padding[4] > 0:
+            x = torch.cat([cache_x.to(x.device, x.dtype), x], dim=2)
+            padding[4] -= cache_x.shape[2]
+        x = F.pad(x, padding)
+        return super().forward(x)
+
+
+class RMS_norm(nn.Module):  # upstream's name, kept so code and checkpoint layouts read alike
+    """Channel RMS norm: L2-normalise over channels, rescale by sqrt(dim) and a learned gain."""
+
+    def __init__(self, dim: int, images: bool = True) -> None:
+        super().__init__()
+        shape = (dim, 1, 1) if images else (dim, 1, 1, 1)
+        self.scale = dim**0.5
+        self.gamma = nn.Parameter(torch.ones(shape))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.normalize(x, dim=1) * self.scale * self.gamma
+
+
+class _Upsample2x(nn.Module):
+    """Nearest-exact 2x spatial upsampling, computed in float32 (half-precision kernels are patchy)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x.float(), scale_factor=(2.0, 2.0), mode="nearest-exact").type_as(x)
+
+
+def _frames_to_batch(x: torch.Tensor) -> torch.Tensor:
+    b, c, t, h, w = x.shape
+    return x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
+
+
+def _batch_to_frames(x: torch.Tensor, t: int) -> torch.Tensor:
+    bt, c, h, w = x.shape
+    return x.reshape(bt // t, t, c, h, w).permute(0, 2, 1, 3, 4)
+
+
+def _cached_conv(conv: CausalConv3d, x: torch.Tensor, cache: CacheList | None) -> torch.Tensor:
+    """Run `conv` on `x` with its stream history, then remember the tail of `x` for the next call."""
+    if cache is None:
+        return conv(x)
+    slot = _slot_of(conv)
+    old = cache[slot]
+    old_frames = old if isinstance(old, torch.Tensor) else None
+    new = x[:, :, -CACHE_T:].clone()  # clone: a view would keep the whole chunk alive
+    if new.shape[2] < CACHE_T and old_frames is not None:
+        # A 1-frame call still has to leave 2 frames of history: take the older one from the
+        # previous cache.
+        new = torch.cat([old_frames[:, :, -1:].to(new.device, new.dtype), new], dim=2)
+    out = conv(x, old_frames)
+    cache[slot] = new
+    return out
+
+
+def _slot_of(conv: CausalConv3d) -> int:
+    if conv.cache_slot is None:
+        raise RuntimeError("this CausalConv3d has no cache slot; build it inside Encoder3d/Decoder3d")
+    return conv.cache_slot
+
+
+def _is_cached_conv(module: nn.Module) -> bool:
+    return isinstance(module, CausalConv3d) and module.kernel_size[0] > 1
+
+
+def count_cache_slots(module: nn.Module) -> int:
+    """Number of stream-cache slots `module` needs: one per causal conv with a temporal kernel > 1."""
+    return sum(1 for m in module.modules() if _is_cached_conv(m))
+
+
+def _assign_cache_slots(module: nn.Module) -> int:
+    count = 0
+    for m in module.modules():
+        if _is_cached_conv(m):
+            assert isinstance(m, CausalConv3d)
+            m.cache_slot = count
+            count += 1
+    return count
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, in_dim: int, out_dim: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.in_dim = in_dim
+        self.out_dim = out_dim
+        self.residual = nn.Sequential(
+            RMS_norm(in_dim, images=False),
+            nn.SiLU(),
+            CausalConv3d(in_dim, out_dim, 3, padding=1),
+            RMS_norm(out_dim, images=False),
+            nn.SiLU(),
+            nn.Dropout(dropout),
+            CausalConv3d(out_dim, out_dim, 3, padding=1),
+        )
+        self.shortcut: nn.Module = CausalConv3d(in_dim, out_dim, 1) if in_dim != out_dim else nn.Identity()
+
+    def forward(self, x: torch.Tensor, cache: CacheList | None = None) -> torch.Tensor:
+        h = self.shortcut(x)
+        for layer in self.residual:
+            x = _cached_conv(layer, x, cache) if isinstance(layer, CausalConv3d) else layer(x)
+        return x + h
+
+
+class AttentionBlock(nn.Module):
+    """Single-head self-attention over the pixels of each frame independently (no time mixing)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim = dim
+        self.norm = RMS_norm(dim, images=True)
+        self.to_qkv = nn.Conv2d(dim, dim * 3, 1)
+        self.proj = nn.Conv2d(dim, dim, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x
+        b, c, t, h, w = x.shape
+        y = self.norm(_frames_to_batch(x))
+        qkv = self.to_qkv(y).reshape(b * t, 1, c * 3, h * w).permute(0, 1, 3, 2).contiguous()
+        q, k, v = qkv.chunk(3, dim=-1)  # each [b*t, 1, h*w, c]
+        y = F.scaled_dot_product_attention(q, k, v)
+        y = y.squeeze(1).permute(0, 2, 1).reshape(b * t, c, h, w)
+        y = self.proj(y)
+        return _batch_to_frames(y, t) + identity
+
+
+_RESAMPLE_MODES = ("upsample2d", "upsample3d", "downsample2d", "downsample3d")
+
+
+class Resample(nn.Module):
+    """2x spatial resampling per frame, plus 2x temporal resampling in the *3d modes.
+
+    Upsampling also halves the channel count (the decoder's next stage expects that).
+    """
+
+    def __init__(self, dim: int, mode: str) -> None:
+        super().__init__()
+        if mode not in _RESAMPLE_MODES:
+            raise ValueError(f"Resample mode must be one of {_RESAMPLE_MODES}, got {mode!r}")
+        self.dim = dim
+        self.mode = mode
+        self.time_conv: CausalConv3d | None = None
+        if mode.startswith("upsample"):
+            self.resample = nn.Sequential(_Upsample2x(), nn.Conv2d(dim, dim // 2, 3, padding=1))
+            if mode == "upsample3d":
+                # Produces both output frames of each input frame as two channel groups.
+                self.time_conv = CausalConv3d(dim, dim * 2, (3, 1, 1), padding=(1, 0, 0))
+        else:
+            # Pad right/bottom only, so stride 2 keeps pixel (0, 0) aligned with the input grid.
+            self.resample = nn.Sequential(nn.ZeroPad2d((0, 1, 0, 1)), nn.Conv2d(dim, dim, 3, stride=(2, 2)))
+            if mode == "downsample3d":
+                self.time_conv = CausalConv3d(dim, dim, (3, 1, 1), stride=(2, 1, 1), padding=(0, 0, 0))
+
+    def forward(self, x: torch.Tensor, cache: CacheList | None = None) -> torch.Tensor:
+        if self.mode == "upsample3d":
+            x = self._time_upsample(x, self._require_cache(cache))
+        t = x.shape[2]
+        x = _batch_to_frames(self.resample(_frames_to_batch(x)), t)
+        if self.mode == "downsample3d":
+            x = self._time_downsample(x, self._require_cache(cache))
+        return x
+
+    def _require_cache(self, cache: CacheList | None) -> CacheList:
+        # Without history the temporal path is undefined (upstream silently skips it, which
+        # changes the frame count); callers always stream through a cache.
+        if cache is None:
+            raise ValueError(f"Resample({self.mode!r}) needs a stream cache")
+        return cache
+
+    def _time_upsample(self, x: torch.Tensor, cache: CacheList) -> torch.Tensor:
+        assert self.time_conv is not None
+        slot = _slot_of(self.time_conv)
+        old = cache[slot]
+        if old is None:
+            # First latent frame of a stream decodes to one frame: no temporal upsampling.
+            cache[slot] = FIRST_CALL
+            return x
+        old_frames = old if isinstance(old, torch.Tensor) else None
+        new = x[:, :, -CACHE_T:].clone()
+        if new.shape[2] < CACHE_T:
+            # After the first call there is no real history yet: zeros stand for it, exactly the
+            # padding a cache-less causal conv would have used.
+            older = torch.zeros_like(new) if old_frames is None else old_frames[:, :, -1:].to(new)
+            new = torch.cat([older, new], dim=2)
+        x = self.time_conv(x, old_frames)
+        cache[slot] = new
+        b, c2, t, h, w = x.shape
+        c = c2 // 2
+        # Channel groups [0:c] and [c:2c] are the even and odd output frames: interleave them.
+        x = x.reshape(b, 2, c, t, h, w)
+        x = torch.stack((x[:, 0], x[:, 1]), dim=3)
+        return x.reshape(b, c, t * 2, h, w)
+
+    def _time_downsample(self, x: torch.Tensor, cache: CacheList) -> torch.Tensor:
+        assert self.time_conv is not None
+        slot = _slot_of(self.time_conv)
+        old = cache[slot]
+        if old is None:
+            # Frame 0 passes alone and unchanged; only its last frame is ever read back.
+            cache[slot] = x[:, :, -1:].clone()
+            return x
+        assert isinstance(old, torch.Tensor)
+        new = x[:, :, -1:].clone()
+        x = self.time_conv(torch.cat([old[:, :, -1:].to(x), x], dim=2))
+        cache[slot] = new
+        return x
+
+
+def _run_sequence(layers: nn.Sequential, x: torch.Tensor, cache: CacheList) -> torch.Tensor:
+    for layer in layers:
+        if isinstance(layer, CausalConv3d):
+            x = _cached_conv(layer, x, cache)
+        elif isinstance(layer, (ResidualBlock, Resample)):
+            x = layer(x, cache)
+        else:
+            x = layer(x)
+    return x
+
+
+class Encoder3d(nn.Module):
+    def __init__(
+        self,
+        dim: int,
+        out_channels: int,
+        dim_mult: tuple[int, ...],
+        num_res_blocks: int,
+        temporal_downsample: tuple[bool, ...],
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        dims = [dim * u for u in (1, *dim_mult)]
+        self.conv1 = CausalConv3d(3, dims[0], 3, padding=1)
+
+        blocks: list[nn.Module] = []
+        out_dim = dims[0]
+        for i, (in_dim, out_dim) in enumerate(itertools.pairwise(dims)):
+            for _ in range(num_res_blocks):
+                blocks.append(ResidualBlock(in_dim, out_dim, dropout))
+                in_dim = out_dim
+            if i != len(dim_mult) - 1:
+                blocks.append(Resample(out_dim, "downsample3d" if temporal_downsample[i] else "downsample2d"))
+        self.downsamples = nn.Sequential(*blocks)
+
+        self.middle = nn.Sequential(
+            ResidualBlock(out_dim, out_dim, dropout),
+            AttentionBlock(out_dim),
+            ResidualBlock(out_dim, out_dim, dropout),
+        )
+        self.head = nn.Sequential(
+            RMS_norm(out_dim, images=False), nn.SiLU(), CausalConv3d(out_dim, out_channels, 3, padding=1)
+        )
+        self.num_cache_slots = _assign_cache_slots(self)
+
+    def forward(self, x: torch.Tensor, cache: CacheList) -> torch.Tensor:
+        x = _cached_conv(self.conv1, x, cache)
+        x = _run_sequence(self.downsamples, x, cache)
+        x = _run_sequence(self.middle, x, cache)
+        return _run_sequence(self.head, x, cache)
+
+
+class Decoder3d(nn.Module):
+    def __init__(
+        self,
+        dim: int,
+        z_dim: int,
+        dim_mult: tuple[int, ...],
+        num_res_blocks: int,
+        temporal_upsample: tuple[bool, ...],
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        dims = [dim * u for u in (dim_mult[-1], *dim_mult[::-1])]
+        self.conv1 = CausalConv3d(z_dim, dims[0], 3, padding=1)
+        self.middle = nn.Sequential(
+            ResidualBlock(dims[0], dims[0], dropout),
+            AttentionBlock(dims[0]),
+            ResidualBlock(dims[0], dims[0], dropout),
+        )
+
+        blocks: list[nn.Module] = []
+        out_dim = dims[0]
+        for i, (in_dim, out_dim) in enumerate(itertools.pairwise(dims)):
+            if i > 0:
+                in_dim //= 2  # the previous stage's Resample halved the channels
+            for _ in range(num_res_blocks + 1):
+                blocks.append(ResidualBlock(in_dim, out_dim, dropout))
+                in_dim = out_dim
+            if i != len(dim_mult) - 1:
+                blocks.append(Resample(out_dim, "upsample3d" if temporal_upsample[i] else "upsample2d"))
+        self.upsamples = nn.Sequential(*blocks)
+
+        self.head = nn.Sequential(RMS_norm(out_dim, images=False), nn.SiLU(), CausalConv3d(out_dim, 3, 3, padding=1))
+        self.num_cache_slots = _assign_cache_slots(self)
+
+    def forward(self, x: torch.Tensor, cache: CacheList) -> torch.Tensor:
+        x = _cached_conv(self.conv1, x, cache)
+        x = _run_sequence(self.middle, x, cache)
+        x = _run_sequence(self.upsamples, x, cache)
+        return _run_sequence(self.head, x, cache)
+
+
+@dataclass
+class VAEStreamState:
+    """Conv history of one encode stream and one decode stream (independent of each other).
+
+    Slots hold None (never run), FIRST_CALL (temporal upsampler after its first call) or the last
+    input frames of that conv. Geometry (batch, height, width) is pinned by the first call of each
+    direction so a mismatched chunk fails with a clear message instead of deep inside a conv.
+    """
+
+    num_encoder_slots: int
+    num_decoder_slots: int
+    encoder_cache: CacheList = field(init=False)
+    decoder_cache: CacheList = field(init=False)
+    frames_encoded: int = field(init=False, default=0)  # video frames consumed by encode_stream
+    latents_encoded: int = field(init=False, default=0)  # latent frames produced by encode_stream
+    latents_decoded: int = field(init=False, default=0)  # latent frames consumed by decode_stream
+    frames_decoded: int = field(init=False, default=0)  # video frames produced by decode_stream
+    encoder_geometry: tuple[int, int, int] | None = field(init=False, default=None)
+    decoder_geometry: tuple[int, int, int] | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.reset_encoder()
+        self.reset_decoder()
+
+    def reset_encoder(self) -> None:
+        self.encoder_cache = [None] * self.num_encoder_slots
+        self.frames_encoded = 0
+        self.latents_encoded = 0
+        self.encoder_geometry = None
+
+    def reset_decoder(self) -> None:
+        self.decoder_cache = [None] * self.num_decoder_slots
+        self.latents_decoded = 0
+        self.frames_decoded = 0
+        self.decoder_geometry = None
+
+
+class WanVAE(nn.Module):
+    """The Wan2.1 VAE (z_dim 16, 8x spatial / 4x temporal compression with the default config)."""
+
+    def __init__(self, config: VAEConfig | None = None) -> None:
+        super().__init__()
+        self.config = config = config if config is not None else VAEConfig()
+        z = config.z_dim
+        self.z_dim = z
+        self.encoder = Encoder3d(
+            config.base_dim, 2 * z, config.dim_mult, config.num_res_blocks, config.temporal_downsample
+        )
+        self.conv1 = CausalConv3d(2 * z, 2 * z, 1)
+        self.conv2 = CausalConv3d(z, z, 1)
+        self.decoder = Decoder3d(
+            config.base_dim, z, config.dim_mult, config.num_res_blocks, config.temporal_downsample[::-1]
+        )
+        # Kept outside the state dict (the checkpoint has no such keys) and outside buffers (a
+        # meta-built model loaded with assign=True would leave buffers on meta).
+        self._latent_stats: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    # ----------------------------------------------------------------------------- state / helpers
+
+    def new_stream_state(self) -> VAEStreamState:
+        return VAEStreamState(self.encoder.num_cache_slots, self.decoder.num_cache_slots)
+
+    def latent_stats(self, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-channel (mean, std) as float32 [1, z, 1, 1, 1] tensors on `device`."""
+        device = torch.device(device)
+        stats = self._latent_stats.get(device)
+        if stats is None:
+            shape = (1, self.z_dim, 1, 1, 1)
+            mean = torch.tensor(self.config.latent_mean, dtype=torch.float32, device=device).view(shape)
+            std = torch.tensor(self.config.latent_std, dtype=torch.float32, device=device).view(shape)
+            stats = self._latent_stats[device] = (mean, std)
+        return stats
+
+    def _param_dtype(self) -> torch.dtype:
+        return self.conv1.weight.dtype
+
+    def _check_state(self, state: VAEStreamState) -> None:
+        if (
+            len(state.encoder_cache) != self.encoder.num_cache_slots
+            or len(state.decoder_cache) != self.decoder.num_cache_slots
+        ):
+            raise ValueError(
+                f"stream state has {len(state.encoder_cache)}/{len(state.decoder_cache)} encoder/decoder "
+                f"slots, this VAE needs {self.encoder.num_cache_slots}/{self.decoder.num_cache_slots}; "
+                "create it with new_stream_state()"
+            )
+
+    # ----------------------------------------------------------------------------- streaming
+
+    def encode_stream(self, video: torch.Tensor, state: VAEStreamState) -> torch.Tensor:
+        """Encode the next frames of a stream: [B, 3, T, H, W] in [-1, 1] -> float32 latents.
+
+        The first call of a stream takes T = s*n + 1 frames and yields n + 1 latent frames; later
+        calls take T = s*n (n >= 1) and yield n, where s = config.temporal_stride (4 for Wan2.1).
+        """
+        self._check_state(state)
+        s, p = self.config.temporal_stride, self.config.spatial_stride
+        if video.ndim != 5 or video.shape[1] != 3:
+            raise ValueError(f"video must be [B, 3, T, H, W], got {tuple(video.shape)}")
+        b, _, t, h, w = video.shape
+        if h % p or w % p or h == 0 or w == 0:
+            raise ValueError(f"frame size {h}x{w} must be a positive multiple of {p}")
+        first = state.frames_encoded == 0
+        if first:
+            if t < 1 or (t - 1) % s:
+                raise ValueError(
+                    f"the first chunk of a stream needs {s}n+1 frames (1, {s + 1}, {2 * s + 1}, ...), got {t}"
+                )
+            bounds = [(0, 1)] + [(i, i + s) for i in range(1, t, s)]
+        else:
+            if t < s or t % s:
+                raise ValueError(f"chunks after the first need a positive multiple of {s} frames, got {t}")
+            if state.encoder_geometry != (b, h, w):
+                raise ValueError(
+                    f"chunk geometry (batch, height, width) = {(b, h, w)} differs from the stream's "
+                    f"{state.encoder_geometry}"
+                )
+            bounds = [(i, i + s) for i in range(0, t, s)]
+
+        x = video.to(self._param_dtype())
+        mean, std = self.latent_stats(video.device)
+        latents = []
+        for lo, hi in bounds:
+            feats = self.encoder(x[:, :, lo:hi], state.encoder_cache)
+            # conv1 is 1x1x1 so it could run once on the whole chunk; running it per group keeps
+            # kernel shapes independent of how the caller split the stream (bit-exact chunking).
+            mu = self.conv1(feats)[:, : self.z_dim]  # the log-variance half is unused
+            latents.append((mu.float() - mean) / std)
+
+        state.encoder_geometry = (b, h, w)
+        state.frames_encoded += t
+        state.latents_encoded += len(bounds)
+        return torch.cat(latents, dim=2)
+
+    def decode_stream(self, latents: torch.Tensor, state: VAEStreamState) -> torch.Tensor:
+        """Decode the next latent frames of a stream: [B, z, F, h, w] -> float32 video in [-1, 1].
+
+        The stream's first latent frame yields 1 video frame, every later one config.temporal_stride.
+        """
+        self._check_state(state)
+        if latents.ndim != 5 or latents.shape[1] != self.z_dim:
+            raise ValueError(f"latents must be [B, {self.z_dim}, F, h, w], got {tuple(latents.shape)}")
+        b, _, n, h, w = latents.shape
+        if n < 1 or h < 1 or w < 1:
+            raise ValueError(f"latents need at least one frame and pixel, got {tuple(latents.shape)}")
+        if state.latents_decoded and state.decoder_geometry != (b, h, w):
+            raise ValueError(
+                f"latent geometry (batch, height, width) = {(b, h, w)} differs from the stream's "
+                f"{state.decoder_geometry}"
+            )
+
+        mean, std = self.latent_stats(latents.device)
+        z = (latents.float() * std + mean).to(self._param_dtype())
+        frames = []
+        for i in range(n):
+            x = self.conv2(z[:, :, i : i + 1])
+            frames.append(self.decoder(x, state.decoder_cache).float().clamp_(-1.0, 1.0))
+        video = torch.cat(frames, dim=2)
+
+        state.decoder_geometry = (b, h, w)
+        state.latents_decoded += n
+        state.frames_decoded += video.shape[2]
+        return video
+
+    # ----------------------------------------------------------------------------- one-shot
+
+    def encode(self, video: torch.Tensor) -> torch.Tensor:
+        """Encode a whole clip of s*n + 1 frames to n + 1 normalised latent frames."""
+        return self.encode_stream(video, self.new_stream_state())
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Decode F latent frames to s*(F - 1) + 1 video frames in [-1, 1]."""
+        return self.decode_stream(latents, self.new_stream_state())

@@ -1,0 +1,156 @@
+"""The serial reference engine: all three stages in one process, one chunk at a time.
+
+It is the correctness reference for the multi-process runtime: same seed, image, prompt and
+controls must give the same frames there. Usage:
+
+    engine = SerialEngine.load("tiny")
+    session = engine.create_session(image, prompt="a walk", seed=0)
+    chunk = session.step(ChunkControl.from_keys(["w"]))   # chunk.frames: [T, H, W, 3] uint8
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from workers.images import fit_image, read_image, to_model_range
+from workers.models.camera import CameraMotion, CameraTrack, ChunkControl, Intrinsics
+from workers.models.components import load_dit, load_text_encoder, load_vae
+from workers.models.dit import WanDiT
+from workers.models.presets import ModelPreset, get_preset
+from workers.models.t5 import TextEncoder
+from workers.models.vae import WanVAE
+from workers.stages.condition import ImageConditionStream, encode_prompt
+from workers.stages.decode import DecodeSession
+from workers.stages.denoise import DenoiseSession
+
+
+@dataclass(frozen=True)
+class StageTimings:
+    encode_s: float
+    denoise_s: float
+    decode_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.encode_s + self.denoise_s + self.decode_s
+
+
+@dataclass(frozen=True)
+class ChunkResult:
+    index: int
+    frames: np.ndarray  # [T, H, W, 3] uint8
+    latents: torch.Tensor  # [1, 16, C, h, w] float32 on CPU
+    first_frame_index: int  # index of frames[0] in the session's video
+    control: ChunkControl
+    timings: StageTimings
+
+
+@dataclass
+class SerialSession:
+    preset: ModelPreset
+    chunk_latent_frames: int
+    condition: ImageConditionStream
+    camera: CameraTrack
+    denoise: DenoiseSession
+    decode: DecodeSession
+    chunks_done: int = 0
+    frames_done: int = 0
+    closed: bool = field(default=False)
+
+    def step(self, control: ChunkControl) -> ChunkResult:
+        if self.closed:
+            raise RuntimeError("session is closed")
+        t0 = time.perf_counter()
+        cond = self.condition.next_chunk()
+        cells = self.camera.next_chunk(control, self.chunk_latent_frames)
+        t1 = time.perf_counter()
+        latents = self.denoise.run_chunk(cond, cells)
+        t2 = time.perf_counter()
+        frames = self.decode.run_chunk(latents)
+        t3 = time.perf_counter()
+        result = ChunkResult(
+            index=self.chunks_done,
+            frames=frames,
+            latents=latents.cpu(),
+            first_frame_index=self.frames_done,
+            control=control,
+            timings=StageTimings(encode_s=t1 - t0, denoise_s=t2 - t1, decode_s=t3 - t2),
+        )
+        self.chunks_done += 1
+        self.frames_done += len(frames)
+        return result
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class SerialEngine:
+    def __init__(
+        self, preset: ModelPreset, dit: WanDiT, vae: WanVAE, text_encoder: TextEncoder, device: torch.device
+    ) -> None:
+        self.preset = preset
+        self.dit = dit
+        self.vae = vae
+        self.text_encoder = text_encoder
+        self.device = device
+
+    @staticmethod
+    def load(
+        preset: str | ModelPreset,
+        checkpoint_dir: str | Path | None = None,
+        device: str | torch.device = "cpu",
+        weights_seed: int = 0,
+    ) -> SerialEngine:
+        """Build the engine. Without a checkpoint, components get seeded random weights."""
+        preset = get_preset(preset) if isinstance(preset, str) else preset
+        dev = torch.device(device)
+        ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        return SerialEngine(
+            preset,
+            load_dit(preset, dev, ckpt, seed=weights_seed),
+            load_vae(preset, dev, ckpt, seed=weights_seed + 1),
+            load_text_encoder(preset, dev, ckpt, seed=weights_seed + 2),
+            dev,
+        )
+
+    def create_session(
+        self,
+        image: str | Path | np.ndarray,
+        prompt: str = "",
+        seed: int = 0,
+        chunk_latent_frames: int | None = None,
+        motion: CameraMotion | None = None,
+    ) -> SerialSession:
+        p = self.preset
+        chunk = chunk_latent_frames if chunk_latent_frames is not None else p.chunk_latent_frames
+        if chunk < 1:
+            raise ValueError(f"chunk_latent_frames must be >= 1, got {chunk}")
+        if p.dit.local_attn_size_frames != -1 and chunk + p.dit.sink_size_frames >= p.dit.local_attn_size_frames:
+            raise ValueError(
+                f"chunk of {chunk} latent frames does not fit the attention window "
+                f"({p.dit.local_attn_size_frames} frames, {p.dit.sink_size_frames} sink)"
+            )
+        rgb = fit_image(read_image(image), p.height_px, p.width_px)
+        motion = motion or CameraMotion(p.move_step_per_frame, p.turn_step_deg_per_frame)
+        with torch.no_grad():
+            text = encode_prompt(self.text_encoder, prompt)
+        return SerialSession(
+            preset=p,
+            chunk_latent_frames=chunk,
+            condition=ImageConditionStream(self.vae, to_model_range(rgb), p, chunk),
+            camera=CameraTrack(
+                motion=motion,
+                intrinsics=Intrinsics.default(p.width_px, p.height_px),
+                height_px=p.height_px,
+                width_px=p.width_px,
+                cell_px=p.vae.spatial_stride,
+                translation_scale=p.translation_scale,
+            ),
+            denoise=DenoiseSession(self.dit, p, text, seed, chunk),
+            decode=DecodeSession(self.vae),
+        )
