@@ -48,6 +48,7 @@ class ImageConditionStream:
         self._last_cache: list[object] | None = None
         self.fixed_point = False
 
+    @torch.no_grad()
     def next_chunk(self) -> torch.Tensor:
         if self.fixed_point:
             assert self._last is not None
