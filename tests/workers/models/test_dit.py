@@ -98,7 +98,9 @@ def generate_full_sequence(dit: WanDiT, data: dict[str, torch.Tensor], seed: int
         mask = window_mask(frames, CHUNK, TOKENS, cfg.local_attn_size_frames, cfg.sink_size_frames)
         noise = torch.randn(1, 16, CHUNK, LAT_H, LAT_W, generator=gen)
 
-        def velocity(x_t: torch.Tensor, t: torch.Tensor, cond=cond, cam=cam, mask=mask, k=k) -> torch.Tensor:
+        def velocity(
+            x_t: torch.Tensor, t: torch.Tensor, cond=cond, cam=cam, mask=mask, k=k, history=history
+        ) -> torch.Tensor:
             seq = torch.cat([history, x_t], dim=2)
             t_frames = torch.cat([torch.zeros(1, k * CHUNK), t.float().expand(1, CHUNK)], dim=1)
             return dit(seq, cond, t_frames, text_kv, cam, 0, attn_mask=mask)[:, :, -CHUNK:]
