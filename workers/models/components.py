@@ -7,6 +7,7 @@ that matters at CPU model sizes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,8 +15,9 @@ import torch
 import torch.nn as nn
 
 from workers.models import loading
-from workers.models.dit import WanDiT, init_random_weights
+from workers.models.dit import WanDiT
 from workers.models.presets import ModelPreset
+from workers.models.random_init import init_random_weights
 from workers.models.t5 import TextEncoder, UMT5Encoder
 from workers.models.tokenizer import load_tokenizer
 from workers.models.vae import WanVAE
@@ -43,55 +45,41 @@ def meta_components(preset: ModelPreset) -> dict[str, nn.Module]:
     }
 
 
-def _random_init(seed: int):
-    def init(module: nn.Module) -> None:
-        if isinstance(module, WanDiT):
-            init_random_weights(module, seed)
-            return
-        gen = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, p in module.named_parameters():
-                if name.endswith("bias"):
-                    p.zero_()
-                elif p.dim() >= 2:
-                    p.copy_(torch.randn(p.shape, generator=gen) / (p[0].numel() ** 0.5))
-                else:
-                    p.fill_(1.0)
-
-    return init
+def _materialize(
+    component: str,
+    factory: Callable[[], nn.Module],
+    dtype: torch.dtype,
+    device: torch.device,
+    read_state: Callable[[], dict[str, torch.Tensor]] | None,
+    seed: int,
+) -> nn.Module:
+    """Build on meta, then either load the checkpoint strictly or fill seeded random weights."""
+    model = loading.build_on_meta(factory)
+    if read_state is None:
+        model = loading.materialize_random(model, lambda m: init_random_weights(m, seed), dtype, device)
+    else:
+        model = loading.load_strict(component, model, read_state(), dtype, device)
+    return model.eval().requires_grad_(False)
 
 
 def load_dit(preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, seed: int = 0) -> WanDiT:
+    # safetensors can read straight into GPU memory; elsewhere read to host memory.
+    target = device if device.type == "cuda" else torch.device("cpu")
+    reader = None if checkpoint_dir is None else (lambda: loading.read_dit_state(checkpoint_dir, target))
     dtype = Precision.for_device(device).dit
-    model = loading.build_on_meta(lambda: WanDiT(preset.dit))
-    if checkpoint_dir is None:
-        model = loading.materialize_random(model, _random_init(seed), dtype, device)
-    else:
-        state = loading.read_dit_state(checkpoint_dir, "cpu" if device.type != "cuda" else device)
-        model = loading.load_strict("DiT", model, state, dtype, device)
-    return model.eval().requires_grad_(False)  # type: ignore[return-value]
+    return _materialize("DiT", lambda: WanDiT(preset.dit), dtype, device, reader, seed)  # type: ignore[return-value]
 
 
 def load_vae(preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, seed: int = 1) -> WanVAE:
+    reader = None if checkpoint_dir is None else (lambda: loading.read_pth(checkpoint_dir / loading.VAE_FILE))
     dtype = Precision.for_device(device).vae
-    model = loading.build_on_meta(lambda: WanVAE(preset.vae))
-    if checkpoint_dir is None:
-        model = loading.materialize_random(model, _random_init(seed), dtype, device)
-    else:
-        state = loading.read_pth(checkpoint_dir / loading.VAE_FILE)
-        model = loading.load_strict("VAE", model, state, dtype, device)
-    return model.eval().requires_grad_(False)  # type: ignore[return-value]
+    return _materialize("VAE", lambda: WanVAE(preset.vae), dtype, device, reader, seed)  # type: ignore[return-value]
 
 
 def load_text_encoder(
     preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, seed: int = 2
 ) -> TextEncoder:
+    reader = None if checkpoint_dir is None else (lambda: loading.read_pth(checkpoint_dir / loading.T5_FILE))
     dtype = Precision.for_device(device).t5
-    model = loading.build_on_meta(lambda: UMT5Encoder(preset.t5))
-    if checkpoint_dir is None:
-        model = loading.materialize_random(model, _random_init(seed), dtype, device)
-    else:
-        state = loading.read_pth(checkpoint_dir / loading.T5_FILE)
-        model = loading.load_strict("umT5", model, state, dtype, device)
-    model = model.eval().requires_grad_(False)
+    model = _materialize("umT5", lambda: UMT5Encoder(preset.t5), dtype, device, reader, seed)
     return TextEncoder(model, load_tokenizer(preset.t5, checkpoint_dir))  # type: ignore[arg-type]

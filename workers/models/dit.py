@@ -272,23 +272,3 @@ class WanDiT(nn.Module):
         c = self.cfg.out_dim
         out = out.view(b, f, gh, gw, ph, pw, c).permute(0, 6, 1, 2, 4, 3, 5)
         return out.reshape(b, c, f, h, w)
-
-
-def init_random_weights(model: WanDiT, seed: int) -> None:
-    """Seeded random weights for test fixtures and the untrained `tiny` preset.
-
-    Unlike training init (which zeroes the output head so a fresh model predicts nothing), the
-    head gets small random weights so that random-weight outputs respond to their inputs.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.zero_()
-            elif p.dim() >= 2 and "modulation" not in name:
-                fan_in = p[0].numel()
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(fan_in))
-            elif "modulation" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
-            else:
-                p.fill_(1.0)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.models.dit import WanDiT, init_random_weights
+from workers.models.dit import WanDiT
 from workers.models.kv_cache import KVCacheSpec, SessionKVCache, window_mask
 from workers.models.presets import DiTConfig
+from workers.models.random_init import init_random_weights
 from workers.models.sampler import FewStepSampler, FlowSchedule
 
 LAT_H = LAT_W = 8  # latent cells -> 4×4 = 16 tokens per frame
