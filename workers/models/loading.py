@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
+from safetensors import SafetensorError
 
 from workers.models.presets import ModelPreset
 
@@ -155,8 +156,9 @@ def verify_checkpoint(preset: ModelPreset, checkpoint_dir: Path) -> dict[str, Ke
     results: dict[str, KeyReport | str] = {}
     try:
         results["dit"] = compare_shapes(state_shapes(meta["dit"]), read_dit_shapes(checkpoint_dir))
-    except FileNotFoundError as exc:
-        results["dit"] = str(exc)
+    except (OSError, ValueError, KeyError, SafetensorError) as exc:  # missing, corrupt or truncated files
+        results["dit"] = f"unreadable DiT weights: {exc}"
+
     for name, filename in (("vae", VAE_FILE), ("t5", T5_FILE)):
         try:
             found = {k: tuple(v.shape) for k, v in read_pth(checkpoint_dir / filename).items()}

@@ -36,6 +36,8 @@ class FlowSchedule:
         return FlowSchedule(timesteps=timesteps, sigmas=torch.from_numpy(sigmas).to(torch.float32))
 
     def subset(self, indices: tuple[int, ...]) -> FlowSchedule:
+        if not indices:
+            raise ValueError("timestep indices must not be empty")
         idx = torch.tensor(indices, dtype=torch.long)
         if idx.min() < 0 or idx.max() >= len(self.timesteps):
             raise ValueError(f"timestep indices {indices} outside 0..{len(self.timesteps) - 1}")

@@ -1,0 +1,99 @@
+"""Headless replay on the tiny preset: RUN.json figures, the MP4, and frame-hash determinism."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import av
+import pytest
+
+from benchmarks.replay import DEFAULT_TRACE, main
+
+pytestmark = pytest.mark.usefixtures("single_thread_torch")
+
+
+def _replay(tmp_path: Path, name: str, *extra: str, chunks: int = 2, seed: int = 0) -> dict:
+    out = tmp_path / f"{name}.json"
+    argv = ["--model", "tiny", "--chunks", str(chunks), "--seed", str(seed), "--quiet", "--out", str(out), *extra]
+    assert main(argv) == 0
+    return json.loads(out.read_text())
+
+
+def test_run_report_and_video(tmp_path, capsys) -> None:
+    video = tmp_path / "run.mp4"
+    report = _replay(tmp_path, "run", "--trace", str(DEFAULT_TRACE), "--video", str(video), chunks=3)
+    stdout = capsys.readouterr().out
+    assert "frames: 45" in stdout and str(tmp_path / "run.json") in stdout
+
+    assert report["num_chunks"] == 3
+    assert report["num_frames"] == 13 + 16 + 16
+    assert report["media_duration_s"] == pytest.approx(45 / 16)
+    assert report["model"]["preset"] == "tiny"
+    assert (report["model"]["width_px"], report["model"]["height_px"], report["model"]["fps"]) == (128, 128, 16)
+    assert report["steady_compute_fps"] > 0
+    steady_s = sum(c["compute_s"] for c in report["chunks"][1:])
+    assert report["steady_compute_fps"] == pytest.approx(32 / steady_s)
+    stats = report["chunk_compute_s"]
+    assert {"p50", "p90", "p99", "max"} <= set(stats)
+    assert stats["count"] == 2
+    assert 0 < stats["p50"] <= stats["p90"] <= stats["p99"] <= stats["max"]
+    assert report["first_frame_s"] > 0
+    assert report["peak_rss_bytes"] > 0
+    assert re.fullmatch(r"[0-9a-f]{64}", report["frames_sha256"])
+    assert report["environment"]["device"] == "cpu"
+    assert report["request"]["chunks"] == 3 and report["request"]["seed"] == 0
+    assert report["request"]["trace"] == str(DEFAULT_TRACE)
+
+    # Chunk k starts on the media clock after the frames before it, and takes the trace's state then.
+    chunks = report["chunks"]
+    assert [c["num_frames"] for c in chunks] == [13, 16, 16]
+    assert [c["media_start_s"] for c in chunks] == pytest.approx([0.0, 13 / 16, 29 / 16])
+    assert [c["keys"] for c in chunks] == [["w"], ["w"], ["w"]]  # w is held until 2.0 s
+    assert [c["applied_seq"] for c in chunks] == [1, 1, 1]
+    for c in chunks:
+        assert c["compute_s"] == pytest.approx(c["encode_s"] + c["denoise_s"] + c["decode_s"])
+
+    assert video.is_file()
+    with av.open(str(video)) as container:
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    assert len(frames) == 45
+    assert all(f.shape == (128, 128, 3) for f in frames)
+
+
+def test_frames_hash_is_deterministic_and_input_sensitive(tmp_path) -> None:
+    turn_right = tmp_path / "turn_right.json"
+    turn_right.write_text(
+        json.dumps({"events": [{"delay_s": 0.0, "message": {"type": "control", "key": "l", "action": "press"}}]})
+    )
+    a = _replay(tmp_path, "a")
+    b = _replay(tmp_path, "b")
+    other_trace = _replay(tmp_path, "trace", "--trace", str(turn_right))
+    other_seed = _replay(tmp_path, "seed", seed=1)
+
+    assert [c["num_frames"] for c in a["chunks"]] == [13, 16]
+    assert [c["keys"] for c in a["chunks"]] == [["w"], ["w"]]
+    # The other trace turns from t = 0, so it already steers chunk 0.
+    assert [c["keys"] for c in other_trace["chunks"]] == [["l"], ["l"]]
+
+    assert a["frames_sha256"] == b["frames_sha256"]
+    assert other_trace["frames_sha256"] != a["frames_sha256"]
+    assert other_seed["frames_sha256"] != a["frames_sha256"]
+    assert len({a["frames_sha256"], other_trace["frames_sha256"], other_seed["frames_sha256"]}) == 3
+
+
+@pytest.mark.parametrize("chunks", ["0", "-1"])
+def test_non_positive_chunks_is_an_argparse_error(tmp_path, capsys, chunks: str) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--chunks", chunks, "--out", str(tmp_path / "run.json")])
+    assert info.value.code == 2
+    assert "--chunks must be at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "run.json").exists()
+
+
+def test_out_is_required(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--chunks", "1"])
+    assert info.value.code == 2
+    assert "--out" in capsys.readouterr().err

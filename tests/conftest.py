@@ -1,0 +1,90 @@
+"""Shared fixtures: a tiny checkpoint in the official on-disk layout, and single-threaded torch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from workers.models import components, loading
+from workers.models.presets import TINY
+
+# SerialEngine.load(weights_seed=s) seeds the DiT with s, the VAE with s + 1 and umT5 with s + 2;
+# the checkpoint is written from exactly those weights so both engines must agree.
+TINY_WEIGHTS_SEED = 3
+DIT_SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+
+
+@dataclass(frozen=True)
+class TinyCheckpoint:
+    path: Path
+    dit: dict[str, torch.Tensor]
+    vae: dict[str, torch.Tensor]
+    t5: dict[str, torch.Tensor]
+    weight_map: dict[str, str]
+    weights_seed: int
+
+    def copy_to(self, dest: Path) -> Path:
+        """A private copy the caller may break."""
+        shutil.copytree(self.path, dest)
+        return dest
+
+    @staticmethod
+    def edit_shard(checkpoint_dir: Path, shard: str, edit: Callable[[dict[str, torch.Tensor]], None]) -> None:
+        """Load one DiT shard, let `edit` change the dict in place, write it back."""
+        path = checkpoint_dir / loading.DIT_SUBDIR / shard
+        state = load_file(str(path))
+        edit(state)
+        save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+
+
+def write_dit_shards(root: Path, state: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Split `state` across the two shards (first half of the keys, second half) plus the index."""
+    sub = root / loading.DIT_SUBDIR
+    sub.mkdir(parents=True, exist_ok=True)
+    keys = list(state)
+    half = len(keys) // 2
+    weight_map: dict[str, str] = {}
+    for shard, shard_keys in zip(DIT_SHARDS, (keys[:half], keys[half:]), strict=True):
+        save_file({k: state[k].contiguous() for k in shard_keys}, str(sub / shard))
+        weight_map.update(dict.fromkeys(shard_keys, shard))
+    total = sum(v.numel() * v.element_size() for v in state.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (sub / loading.DIT_INDEX).write_text(json.dumps(index, indent=1))
+    return weight_map
+
+
+def _clone(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in state.items()}
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> TinyCheckpoint:
+    """The `tiny` preset's seeded random weights, written in the released checkpoint layout. Read-only."""
+    root = tmp_path_factory.mktemp("tiny_checkpoint")
+    cpu = torch.device("cpu")
+    seed = TINY_WEIGHTS_SEED
+    dit = _clone(components.load_dit(TINY, cpu, None, seed=seed).state_dict())
+    vae = _clone(components.load_vae(TINY, cpu, None, seed=seed + 1).state_dict())
+    t5 = _clone(components.load_text_encoder(TINY, cpu, None, seed=seed + 2).encoder.state_dict())
+    weight_map = write_dit_shards(root, dit)
+    torch.save(vae, root / loading.VAE_FILE)
+    torch.save(t5, root / loading.T5_FILE)
+    return TinyCheckpoint(path=root, dit=dit, vae=vae, t5=t5, weight_map=weight_map, weights_seed=seed)
+
+
+@pytest.fixture
+def single_thread_torch() -> Iterator[None]:
+    """Run torch on one intra-op thread for the test (2-core runners oversubscribe badly otherwise)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
