@@ -1,0 +1,1 @@
+"""Multi-rank stages on torch.distributed: Ulysses sequence parallelism, height-sharded decode."""
