@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from workers.images import fit_image, read_image, to_model_range
-from workers.models.camera import CameraMotion, CameraTrack, ChunkControl, Intrinsics
+from workers.models.camera import CameraMotion, CameraTrack, ChunkControl
 from workers.models.components import load_dit, load_text_encoder, load_vae
 from workers.models.dit import WanDiT
 from workers.models.presets import ModelPreset, get_preset
@@ -136,21 +136,13 @@ class SerialEngine:
                 f"({p.dit.local_attn_size_frames} frames, {p.dit.sink_size_frames} sink)"
             )
         rgb = fit_image(read_image(image), p.height_px, p.width_px)
-        motion = motion or CameraMotion(p.move_step_per_frame, p.turn_step_deg_per_frame)
         with torch.no_grad():
             text = encode_prompt(self.text_encoder, prompt)
         return SerialSession(
             preset=p,
             chunk_latent_frames=chunk,
             condition=ImageConditionStream(self.vae, to_model_range(rgb), p, chunk),
-            camera=CameraTrack(
-                motion=motion,
-                intrinsics=Intrinsics.default(p.width_px, p.height_px),
-                height_px=p.height_px,
-                width_px=p.width_px,
-                cell_px=p.vae.spatial_stride,
-                translation_scale=p.translation_scale,
-            ),
+            camera=CameraTrack.for_preset(p, motion),
             denoise=DenoiseSession(self.dit, p, text, seed, chunk),
             decode=DecodeSession(self.vae),
         )

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from workers.models.presets import ModelPreset
+
 # Canonical key names; aliases from browsers and TeleFuser traces map onto them.
 MOVE_KEYS = {"w": (0.0, 1.0), "s": (0.0, -1.0), "a": (-1.0, 0.0), "d": (1.0, 0.0)}  # (right, forward)
 TURN_KEYS = {"j": (-1.0, 0.0), "l": (1.0, 0.0), "i": (0.0, 1.0), "k": (0.0, -1.0)}  # (yaw, pitch)
@@ -193,6 +195,18 @@ class CameraTrack:
     translation_scale: float
     state: CameraState = field(default_factory=CameraState)
     last_pose: torch.Tensor | None = None
+
+    @staticmethod
+    def for_preset(preset: ModelPreset, motion: CameraMotion | None = None) -> CameraTrack:
+        """A session's track at the preset's resolution, step sizes and default intrinsics."""
+        return CameraTrack(
+            motion=motion or CameraMotion(preset.move_step_per_frame, preset.turn_step_deg_per_frame),
+            intrinsics=Intrinsics.default(preset.width_px, preset.height_px),
+            height_px=preset.height_px,
+            width_px=preset.width_px,
+            cell_px=preset.vae.spatial_stride,
+            translation_scale=preset.translation_scale,
+        )
 
     def next_chunk(self, control: ChunkControl, num_latent_frames: int) -> torch.Tensor:
         """Controls for the next chunk -> Plücker cells [384, F, h, w] (float32)."""

@@ -8,12 +8,17 @@ Layout inside the blocks: hidden states are [B, F, S, dim] (F latent frames, S t
 so per-frame timestep modulation [B, F, 1, dim] broadcasts over a frame's tokens without copies.
 The residual stream and all modulation are float32; linear layers run in the weight dtype
 (bf16 on GPU), mirroring the reference's autocast regions.
+
+Sequence parallelism (Ulysses, `sp=`; see workers/parallel/ulysses.py): each rank of the group
+holds S/N tokens of every frame through the blocks and only swaps to a head split inside
+self-attention. `sp=None` (or a one-rank group) is the plain single-rank path.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
@@ -22,6 +27,9 @@ import torch.nn.functional as F
 from workers.models.kv_cache import LayerKVCache, SessionKVCache
 from workers.models.presets import DiTConfig
 from workers.models.rope import apply_rope, rope_cos_sin
+
+if TYPE_CHECKING:
+    from workers.parallel.ulysses import SequenceParallel
 
 
 def sinusoidal_embedding(dim: int, t: torch.Tensor) -> torch.Tensor:
@@ -45,14 +53,31 @@ class RMSNorm(nn.Module):
 
 
 class LayerNorm(nn.LayerNorm):
-    """LayerNorm computed in float32 whatever the input dtype."""
+    """LayerNorm computed in float32 whatever the input and parameter dtypes (bf16 weights on GPU)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x.float()).type_as(x)
+        weight = None if self.weight is None else self.weight.float()
+        bias = None if self.bias is None else self.bias.float()
+        return F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps).type_as(x)
 
 
 def _linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return layer(x.to(layer.weight.dtype))
+
+
+def _mlp_f32(mlp: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    """Run a Linear/activation stack in float32 with upcast weights (the time embedding's precision)."""
+    for layer in mlp:
+        if isinstance(layer, nn.Linear):
+            x = F.linear(x.float(), layer.weight.float(), None if layer.bias is None else layer.bias.float())
+        else:
+            x = layer(x)
+    return x
+
+
+def _active(sp: SequenceParallel | None) -> SequenceParallel | None:
+    """A one-rank group runs the single-rank path unchanged."""
+    return sp if sp is not None and sp.is_parallel else None
 
 
 class SelfAttention(nn.Module):
@@ -69,23 +94,33 @@ class SelfAttention(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,  # [B, L, dim]
-        rope: tuple[torch.Tensor, torch.Tensor],
-        cache: LayerKVCache | None,
+        x: torch.Tensor,  # [B, F, S, dim]; with sp, S is this rank's share of each frame
+        rope: tuple[torch.Tensor, torch.Tensor],  # tables for all F·S tokens of the chunk
+        cache: LayerKVCache | None,  # with sp: this rank's heads only
         commit: bool,
         attn_mask: torch.Tensor | None,
+        sp: SequenceParallel | None = None,
     ) -> torch.Tensor:
-        b, length, _ = x.shape
-        heads = (b, length, self.num_heads, self.head_dim)
-        q = apply_rope(self.norm_q(_linear(self.q, x)).view(heads), *rope)
-        k = apply_rope(self.norm_k(_linear(self.k, x)).view(heads), *rope)
+        b, f, s, _ = x.shape
+        heads = (b, f, s, self.num_heads, self.head_dim)
+        # norm_q / norm_k normalise over the full dim (all heads), so they run before any head split.
+        q = self.norm_q(_linear(self.q, x)).view(heads)
+        k = self.norm_k(_linear(self.k, x)).view(heads)
         v = _linear(self.v, x).view(heads)
+        if sp is None:
+            q, k, v = q.flatten(1, 2), k.flatten(1, 2), v.flatten(1, 2)  # [B, L, H, hd]
+        else:
+            q, k, v = sp.tokens_to_heads(q, k, v)  # [B, L, H/N, hd]: every token, this rank's heads
+        q = apply_rope(q, *rope)
+        k = apply_rope(k, *rope)
         if cache is not None:
             k, v = cache.attend_window(k, v, commit)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask
-        )
-        return _linear(self.o, out.transpose(1, 2).flatten(2))
+        ).transpose(1, 2)  # [B, L, heads, hd]
+        # With sp, back to this rank's tokens with all heads, [B, F, S/N, dim], for the output projection.
+        out = out.reshape(b, f, s, -1) if sp is None else sp.heads_to_tokens(out, f)
+        return _linear(self.o, out)
 
 
 class CrossAttention(nn.Module):
@@ -146,11 +181,12 @@ class DiTBlock(nn.Module):
         cache: LayerKVCache | None,
         commit: bool,
         attn_mask: torch.Tensor | None,
+        sp: SequenceParallel | None = None,
     ) -> torch.Tensor:
         shape = x.shape
         mod = (self.modulation.unsqueeze(0).float() + e).chunk(6, dim=2)  # 6 × [B, F, 1, dim]
         h = self.norm1(x) * (1 + mod[1]) + mod[0]
-        y = self.self_attn(h.flatten(1, 2), rope, cache, commit, attn_mask).view(shape)
+        y = self.self_attn(h, rope, cache, commit, attn_mask, sp)
         x = x + y.float() * mod[2]
         if cam is not None:
             scale, shift = cam
@@ -208,8 +244,12 @@ class WanDiT(nn.Module):
         ctx = self.text_embedding(padded.to(self.text_embedding[0].weight.dtype))
         return [block.cross_attn.text_kv(ctx) for block in self.blocks]
 
-    def chunk_camera(self, plucker_cells: torch.Tensor) -> ChunkCamera:
-        """plucker_cells [B, 384, F, h, w] (Plücker rays grouped per latent cell) -> per-block modulation."""
+    def chunk_camera(self, plucker_cells: torch.Tensor, sp: SequenceParallel | None = None) -> ChunkCamera:
+        """plucker_cells [B, 384, F, h, w] (Plücker rays grouped per latent cell) -> per-block modulation.
+
+        With `sp`, only this rank's tokens of each frame: pass the result to `forward` with the same `sp`.
+        """
+        sp = _active(sp)
         b, c, f, h, w = plucker_cells.shape
         _, ph, pw = self.cfg.patch_size
         # (c, row offset, col offset) order inside each 1×2×2 patch, as the checkpoint expects.
@@ -218,6 +258,10 @@ class WanDiT(nn.Module):
             .permute(0, 2, 3, 5, 1, 4, 6)
             .reshape(b, f, (h // ph) * (w // pw), c * ph * pw)
         )
+        if sp is not None:
+            # Everything below is per token, so shard the patchified rays before the embedding.
+            sp.validate(tokens.shape[2], self.cfg.num_heads)
+            tokens = sp.shard_tokens(tokens)  # [B, F, S/N, 1536]
         cam = _linear(self.patch_embedding_wancamctrl, tokens)
         cam = cam + _linear(self.c2ws_hidden_states_layer2, F.silu(_linear(self.c2ws_hidden_states_layer1, cam)))
         return ChunkCamera([block.camera_modulation(cam) for block in self.blocks])
@@ -235,24 +279,34 @@ class WanDiT(nn.Module):
         kv_cache: SessionKVCache | None = None,
         commit: bool = False,
         attn_mask: torch.Tensor | None = None,
+        sp: SequenceParallel | None = None,
     ) -> torch.Tensor:
         """Predict the flow velocity for a chunk of latent frames.
 
         With `kv_cache`, attends to the session's history (and commits this chunk's K/V when
         `commit`). Without it, `attn_mask` (see `kv_cache.window_mask`) makes one forward over a
         whole sequence behave like the streaming path; used as the reference in tests.
+
+        With `sp` (Ulysses over N ranks), every rank passes the same full inputs and gets the same
+        full velocity back; `camera` must come from `chunk_camera(..., sp)` and `kv_cache` must hold
+        num_heads / N heads.
         """
+        sp = _active(sp)
         b, _, f, h, w = noisy.shape
         _, ph, pw = self.cfg.patch_size
         gh, gw = h // ph, w // pw
         weight = self.patch_embedding.weight
         x = self.patch_embedding(torch.cat([noisy, cond], dim=1).to(weight.dtype))  # [B, dim, F, gh, gw]
         x = x.flatten(3).permute(0, 2, 3, 1).float()  # [B, F, S, dim]
+        if sp is not None:
+            sp.validate(gh * gw, self.cfg.num_heads)
+            x = sp.shard_tokens(x)  # [B, F, S/N, dim]
 
         if t.dim() == 1:
             t = t[:, None].expand(b, f)
-        e = self.time_embedding(sinusoidal_embedding(self.cfg.freq_dim, t.flatten()).float())
-        e0 = self.time_projection(e).float().view(b, f, 6, self.cfg.dim)
+        # Timestep conditioning stays float32 even with bf16 weights: it scales the residual stream.
+        e = _mlp_f32(self.time_embedding, sinusoidal_embedding(self.cfg.freq_dim, t.flatten()))
+        e0 = _mlp_f32(self.time_projection, e).view(b, f, 6, self.cfg.dim)
         e = e.float().view(b, f, self.cfg.dim)
 
         rope = rope_cos_sin(self.cfg.head_dim, start_frame, f, gh, gw, x.device)
@@ -267,8 +321,12 @@ class WanDiT(nn.Module):
                 None if kv_cache is None else kv_cache.layers[i],
                 commit,
                 mask,
+                sp,
             )
-        out = self.head(x, e)  # [B, F, S, 4·16]
+        out = self.head(x, e)  # [B, F, S, 4·16] (S/N with sp)
+        if sp is not None:
+            # The sampler runs on every rank with identical generators, so every rank needs all of it.
+            out = sp.gather_tokens(out)  # [B, F, S, 4·16]
         c = self.cfg.out_dim
         out = out.view(b, f, gh, gw, ph, pw, c).permute(0, 6, 1, 2, 4, 3, 5)
         return out.reshape(b, c, f, h, w)

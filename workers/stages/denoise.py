@@ -13,6 +13,7 @@ from workers.models.dit import WanDiT
 from workers.models.kv_cache import KVCacheSpec, SessionKVCache
 from workers.models.presets import ModelPreset
 from workers.models.sampler import FewStepSampler, FlowSchedule
+from workers.parallel.ulysses import SequenceParallel
 
 
 def make_sampler(preset: ModelPreset) -> FewStepSampler:
@@ -28,10 +29,13 @@ class DenoiseSession:
         text_embeddings: list[torch.Tensor],
         seed: int,
         chunk_latent_frames: int,
+        sp: SequenceParallel | None = None,
     ) -> None:
         cfg = preset.dit
+        ranks = 1 if sp is None else sp.world_size
         device = dit.patch_embedding.weight.device
         self.dit = dit
+        self.sp = sp
         self.sampler = make_sampler(preset)
         self.chunk = chunk_latent_frames
         self.latent_hw = (preset.latent_height, preset.latent_width)
@@ -39,7 +43,7 @@ class DenoiseSession:
         spec = KVCacheSpec(
             num_layers=cfg.num_layers,
             batch=1,
-            num_heads=cfg.num_heads,
+            num_heads=cfg.num_heads // ranks,  # Ulysses: each rank caches its own heads
             head_dim=cfg.head_dim,
             tokens_per_frame=preset.tokens_per_latent_frame,
             chunk_frames=chunk_latent_frames,
@@ -55,14 +59,16 @@ class DenoiseSession:
         """cond [1, 20, C, h, w], plucker_cells [384, C, h, w] -> clean latents [1, 16, C, h, w]."""
         device = self.dit.patch_embedding.weight.device
         cond = cond.to(device)
-        camera = self.dit.chunk_camera(plucker_cells[None].to(device))
+        camera = self.dit.chunk_camera(plucker_cells[None].to(device), sp=self.sp)
         start = self.kv_cache.committed_frames
         noise = torch.randn((1, 16, self.chunk, *self.latent_hw), generator=self.generator, device=device)
 
         def velocity(x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-            return self.dit(x_t, cond, t, self.text_kv, camera, start, self.kv_cache, commit=False)
+            return self.dit(x_t, cond, t, self.text_kv, camera, start, self.kv_cache, commit=False, sp=self.sp)
 
         x0 = self.sampler.sample(noise, velocity, self.generator)
         # Commit clean K/V so the next chunk attends to what was actually shown.
-        self.dit(x0, cond, torch.zeros(1, device=device), self.text_kv, camera, start, self.kv_cache, commit=True)
+        self.dit(
+            x0, cond, torch.zeros(1, device=device), self.text_kv, camera, start, self.kv_cache, commit=True, sp=self.sp
+        )
         return x0
