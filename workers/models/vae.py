@@ -13,6 +13,15 @@ what makes chunked and one-shot outputs equal rather than merely close.
 
 Cache tensors keep whatever autograd graph produced them, so a long-lived stream should run under
 `torch.inference_mode()` (or `no_grad`) to avoid holding every previous chunk's graph.
+
+Decoding can also be height-sharded over N ranks (`decode_stream(..., shard=SpatialShard)`): each
+rank decodes one horizontal band of latent rows. The decoder's forward path takes an optional
+`shard`; with it, every conv whose kernel spans rows (the 3x3x3 CausalConv3d's, the upsamplers'
+3x3 HaloConv2d) fetches its `padding` rows from the neighbour bands instead of zero-padding H (the
+global top/bottom edges still get zeros), and attention gathers keys/values over the whole frame.
+Norms, activations, 1x1 convs, temporal convs and nearest upsampling are per pixel and stay local.
+Conv caches hold only the rank's own rows, i.e. exactly that band of what the unsharded cache holds.
+`shard=None` is the original single-process path, unchanged.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workers.models.presets import VAEConfig
+from workers.parallel.halo import SpatialShard, split_rows
 
 __all__ = [
     "CACHE_T",
@@ -34,12 +44,14 @@ __all__ = [
     "CausalConv3d",
     "Decoder3d",
     "Encoder3d",
+    "HaloConv2d",
     "RMS_norm",
     "Resample",
     "ResidualBlock",
     "VAEStreamState",
     "WanVAE",
     "count_cache_slots",
+    "split_rows",
 ]
 
 CACHE_T = 2  # frames of history a 3-tap causal temporal conv needs
@@ -67,8 +79,23 @@ CacheSlot = torch.Tensor | _FirstCall | None
 CacheList = list[CacheSlot]
 
 
+def _halo_rows(conv: nn.Conv2d | nn.Conv3d, pad_h: int) -> int:
+    """Rows of neighbour halo `conv` needs under height sharding (its H padding); checks it is shardable."""
+    k_h, s_h = conv.kernel_size[-2], conv.stride[-2]
+    if conv.padding_mode != "zeros" or s_h != 1 or conv.dilation[-2] != 1 or k_h != 2 * pad_h + 1:
+        raise NotImplementedError(
+            f"height sharding needs a 'same' zero-padded, stride-1 kernel in H; got kernel {k_h}, "
+            f"stride {s_h}, padding {pad_h} ({conv.padding_mode})"
+        )
+    return pad_h
+
+
 class CausalConv3d(nn.Conv3d):
-    """3D convolution padded only on the past side in time; `cache_x` replaces that padding."""
+    """3D convolution padded only on the past side in time; `cache_x` replaces that padding.
+
+    With a `shard`, the H padding comes from the neighbour ranks' rows (zeros at the frame's
+    global edges) rather than from zeros at every band edge; time and W padding are unchanged.
+    """
 
     # Index of this conv's slot in a stream cache; set by `_assign_cache_slots` for the convs
     # whose temporal kernel spans more than one frame (1-frame kernels need no history).
@@ -76,17 +103,25 @@ class CausalConv3d(nn.Conv3d):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if not isinstance(self.padding, tuple):
+            raise ValueError(f"CausalConv3d needs numeric padding, got {self.padding!r}")
         pt, ph, pw = self.padding
         # F.pad order: (w_left, w_right, h_top, h_bottom, t_front, t_back). All temporal padding
         # goes to the front so an output frame never sees a later input frame.
-        self._causal_padding = (pw, pw, ph, ph, 2 * pt, 0)
+        self._causal_padding: tuple[int, ...] = (pw, pw, ph, ph, 2 * pt, 0)
         self.padding = (0, 0, 0)
 
-    def forward(self, x: torch.Tensor, cache_x: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cache_x: torch.Tensor | None = None, shard: SpatialShard | None = None
+    ) -> torch.Tensor:
         padding = list(self._causal_padding)
         if cache_x is not None and padding[4] > 0:
             x = torch.cat([cache_x.to(x.device, x.dtype), x], dim=2)
             padding[4] -= cache_x.shape[2]
+        if shard is not None and padding[2] > 0:
+            # After the cache concat: the neighbours' cached frames arrive with their halo rows.
+            x = shard.exchange_halo(x, _halo_rows(self, padding[2]))
+            padding[2] = padding[3] = 0
         x = F.pad(x, padding)
         if x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled():
             # PyTorch's dispatch heuristic sends batch-1, 3-tap 3D convs to its slow reference
@@ -117,6 +152,20 @@ class _Upsample2x(nn.Module):
         return F.interpolate(x.float(), scale_factor=(2.0, 2.0), mode="nearest-exact").type_as(x)
 
 
+class HaloConv2d(nn.Conv2d):
+    """A per-frame 2D conv that, given a `shard`, takes its H padding from the neighbour ranks.
+
+    Without a shard it is exactly nn.Conv2d (same parameters, same checkpoint keys).
+    """
+
+    def forward(self, x: torch.Tensor, shard: SpatialShard | None = None) -> torch.Tensor:
+        if shard is None or not isinstance(self.padding, tuple) or self.padding[0] == 0:
+            return super().forward(x)
+        pad_h, pad_w = self.padding
+        x = shard.exchange_halo(x, _halo_rows(self, pad_h))
+        return F.conv2d(x, self.weight, self.bias, self.stride, (0, pad_w), self.dilation, self.groups)
+
+
 def _frames_to_batch(x: torch.Tensor) -> torch.Tensor:
     b, c, t, h, w = x.shape
     return x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
@@ -127,10 +176,16 @@ def _batch_to_frames(x: torch.Tensor, t: int) -> torch.Tensor:
     return x.reshape(bt // t, t, c, h, w).permute(0, 2, 1, 3, 4)
 
 
-def _cached_conv(conv: CausalConv3d, x: torch.Tensor, cache: CacheList | None) -> torch.Tensor:
-    """Run `conv` on `x` with its stream history, then remember the tail of `x` for the next call."""
+def _cached_conv(
+    conv: CausalConv3d, x: torch.Tensor, cache: CacheList | None, shard: SpatialShard | None = None
+) -> torch.Tensor:
+    """Run `conv` on `x` with its stream history, then remember the tail of `x` for the next call.
+
+    Under a shard `x` is the local band and so is what gets cached; halo rows are fetched afresh
+    (history included) inside the conv.
+    """
     if cache is None:
-        return conv(x)
+        return conv(x, None, shard)
     slot = _slot_of(conv)
     old = cache[slot]
     old_frames = old if isinstance(old, torch.Tensor) else None
@@ -139,7 +194,7 @@ def _cached_conv(conv: CausalConv3d, x: torch.Tensor, cache: CacheList | None) -
         # A 1-frame call still has to leave 2 frames of history: take the older one from the
         # previous cache.
         new = torch.cat([old_frames[:, :, -1:].to(new.device, new.dtype), new], dim=2)
-    out = conv(x, old_frames)
+    out = conv(x, old_frames, shard)
     cache[slot] = new
     return out
 
@@ -185,15 +240,20 @@ class ResidualBlock(nn.Module):
         )
         self.shortcut: nn.Module = CausalConv3d(in_dim, out_dim, 1) if in_dim != out_dim else nn.Identity()
 
-    def forward(self, x: torch.Tensor, cache: CacheList | None = None) -> torch.Tensor:
-        h = self.shortcut(x)
+    def forward(
+        self, x: torch.Tensor, cache: CacheList | None = None, shard: SpatialShard | None = None
+    ) -> torch.Tensor:
+        h = self.shortcut(x)  # 1x1x1: local under a shard
         for layer in self.residual:
-            x = _cached_conv(layer, x, cache) if isinstance(layer, CausalConv3d) else layer(x)
+            x = _cached_conv(layer, x, cache, shard) if isinstance(layer, CausalConv3d) else layer(x)
         return x + h
 
 
 class AttentionBlock(nn.Module):
-    """Single-head self-attention over the pixels of each frame independently (no time mixing)."""
+    """Single-head self-attention over the pixels of each frame independently (no time mixing).
+
+    Under a shard, queries are the local rows only; keys and values are gathered from every band.
+    """
 
     def __init__(self, dim: int) -> None:
         super().__init__()
@@ -202,12 +262,18 @@ class AttentionBlock(nn.Module):
         self.to_qkv = nn.Conv2d(dim, dim * 3, 1)
         self.proj = nn.Conv2d(dim, dim, 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, shard: SpatialShard | None = None) -> torch.Tensor:
         identity = x
         b, c, t, h, w = x.shape
         y = self.norm(_frames_to_batch(x))
-        qkv = self.to_qkv(y).reshape(b * t, 1, c * 3, h * w).permute(0, 1, 3, 2).contiguous()
-        q, k, v = qkv.chunk(3, dim=-1)  # each [b*t, 1, h*w, c]
+        if shard is None:
+            qkv = self.to_qkv(y).reshape(b * t, 1, c * 3, h * w).permute(0, 1, 3, 2).contiguous()
+            q, k, v = qkv.chunk(3, dim=-1)  # each [b*t, 1, h*w, c]
+        else:
+            qkv = self.to_qkv(y)  # [b*t, 3c, h, w]: the local rows
+            kv = shard.gather_rows(qkv[:, c:])  # [b*t, 2c, H, w]: the whole frame
+            q = qkv[:, :c].reshape(b * t, 1, c, h * w).permute(0, 1, 3, 2).contiguous()
+            k, v = kv.reshape(b * t, 1, 2 * c, -1).permute(0, 1, 3, 2).contiguous().chunk(2, dim=-1)
         y = F.scaled_dot_product_attention(q, k, v)
         y = y.squeeze(1).permute(0, 2, 1).reshape(b * t, c, h, w)
         y = self.proj(y)
@@ -231,7 +297,7 @@ class Resample(nn.Module):
         self.mode = mode
         self.time_conv: CausalConv3d | None = None
         if mode.startswith("upsample"):
-            self.resample = nn.Sequential(_Upsample2x(), nn.Conv2d(dim, dim // 2, 3, padding=1))
+            self.resample = nn.Sequential(_Upsample2x(), HaloConv2d(dim, dim // 2, 3, padding=1))
             if mode == "upsample3d":
                 # Produces both output frames of each input frame as two channel groups.
                 self.time_conv = CausalConv3d(dim, dim * 2, (3, 1, 1), padding=(1, 0, 0))
@@ -241,11 +307,18 @@ class Resample(nn.Module):
             if mode == "downsample3d":
                 self.time_conv = CausalConv3d(dim, dim, (3, 1, 1), stride=(2, 1, 1), padding=(0, 0, 0))
 
-    def forward(self, x: torch.Tensor, cache: CacheList | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cache: CacheList | None = None, shard: SpatialShard | None = None
+    ) -> torch.Tensor:
+        if shard is not None and not self.mode.startswith("upsample"):
+            raise NotImplementedError(f"Resample({self.mode!r}) does not support height sharding")
         if self.mode == "upsample3d":
-            x = self._time_upsample(x, self._require_cache(cache))
+            x = self._time_upsample(x, self._require_cache(cache))  # (3, 1, 1) conv: local rows
         t = x.shape[2]
-        x = _batch_to_frames(self.resample(_frames_to_batch(x)), t)
+        y = _frames_to_batch(x)
+        for layer in self.resample:
+            y = layer(y, shard) if isinstance(layer, HaloConv2d) else layer(y)
+        x = _batch_to_frames(y, t)
         if self.mode == "downsample3d":
             x = self._time_downsample(x, self._require_cache(cache))
         return x
@@ -296,12 +369,16 @@ class Resample(nn.Module):
         return x
 
 
-def _run_sequence(layers: nn.Sequential, x: torch.Tensor, cache: CacheList) -> torch.Tensor:
+def _run_sequence(
+    layers: nn.Sequential, x: torch.Tensor, cache: CacheList, shard: SpatialShard | None = None
+) -> torch.Tensor:
     for layer in layers:
         if isinstance(layer, CausalConv3d):
-            x = _cached_conv(layer, x, cache)
+            x = _cached_conv(layer, x, cache, shard)
         elif isinstance(layer, (ResidualBlock, Resample)):
-            x = layer(x, cache)
+            x = layer(x, cache, shard)
+        elif isinstance(layer, AttentionBlock):
+            x = layer(x, shard)
         else:
             x = layer(x)
     return x
@@ -382,11 +459,12 @@ class Decoder3d(nn.Module):
         self.head = nn.Sequential(RMS_norm(out_dim, images=False), nn.SiLU(), CausalConv3d(out_dim, 3, 3, padding=1))
         self.num_cache_slots = _assign_cache_slots(self)
 
-    def forward(self, x: torch.Tensor, cache: CacheList) -> torch.Tensor:
-        x = _cached_conv(self.conv1, x, cache)
-        x = _run_sequence(self.middle, x, cache)
-        x = _run_sequence(self.upsamples, x, cache)
-        return _run_sequence(self.head, x, cache)
+    def forward(self, x: torch.Tensor, cache: CacheList, shard: SpatialShard | None = None) -> torch.Tensor:
+        """One latent frame (or more) -> video frames; with a `shard`, the band of rows it owns."""
+        x = _cached_conv(self.conv1, x, cache, shard)
+        x = _run_sequence(self.middle, x, cache, shard)
+        x = _run_sequence(self.upsamples, x, cache, shard)
+        return _run_sequence(self.head, x, cache, shard)
 
 
 @dataclass
@@ -407,7 +485,10 @@ class VAEStreamState:
     latents_decoded: int = field(init=False, default=0)  # latent frames consumed by decode_stream
     frames_decoded: int = field(init=False, default=0)  # video frames produced by decode_stream
     encoder_geometry: tuple[int, int, int] | None = field(init=False, default=None)
+    # Of the latents this process decodes: under a shard, its band (b, h / world_size, w).
     decoder_geometry: tuple[int, int, int] | None = field(init=False, default=None)
+    # (rank, world_size) of the shard the decode stream runs under; (0, 1) when unsharded.
+    decoder_shard: tuple[int, int] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.reset()
@@ -427,6 +508,7 @@ class VAEStreamState:
         self.latents_decoded = 0
         self.frames_decoded = 0
         self.decoder_geometry = None
+        self.decoder_shard = None
 
 
 class WanVAE(nn.Module):
@@ -526,10 +608,19 @@ class WanVAE(nn.Module):
         state.latents_encoded += len(bounds)
         return torch.cat(latents, dim=2)
 
-    def decode_stream(self, latents: torch.Tensor, state: VAEStreamState) -> torch.Tensor:
+    def decode_stream(
+        self, latents: torch.Tensor, state: VAEStreamState, shard: SpatialShard | None = None
+    ) -> torch.Tensor:
         """Decode the next latent frames of a stream: [B, z, F, h, w] -> float32 video in [-1, 1].
 
         The stream's first latent frame yields 1 video frame, every later one config.temporal_stride.
+
+        With a `shard`, `latents` is this rank's band of latent rows (`split_rows(latents, rank, N)`)
+        and the result is this rank's band of output rows, [B, 3, T, 8*h_band, W]: row band r of
+        the frame the unsharded decode would produce. Every rank of the shard's group must call
+        this together, with equally shaped bands and its own `state` (the caches hold the rank's
+        rows only); a stream keeps one shard layout from its first call until `reset_decoder`.
+        `decode_stream_sharded` also gathers the full frame.
         """
         self._check_state(state)
         if latents.ndim != 5 or latents.shape[1] != self.z_dim:
@@ -537,6 +628,16 @@ class WanVAE(nn.Module):
         b, _, n, h, w = latents.shape
         if n < 1 or h < 1 or w < 1:
             raise ValueError(f"latents need at least one frame and pixel, got {tuple(latents.shape)}")
+        layout = (0, 1) if shard is None else (shard.rank, shard.world_size)
+        if shard is not None:
+            # Collective: a rank with a different band or stream position would hang the halo exchange.
+            shard.check_uniform(
+                (b, n, h, w, state.latents_decoded), "latent band (b, F, h, w, position)", latents.device
+            )
+        if state.latents_decoded and state.decoder_shard != layout:
+            raise ValueError(
+                f"shard layout (rank, world_size) = {layout} differs from the stream's {state.decoder_shard}"
+            )
         if state.latents_decoded and state.decoder_geometry != (b, h, w):
             raise ValueError(
                 f"latent geometry (batch, height, width) = {(b, h, w)} differs from the stream's "
@@ -548,13 +649,35 @@ class WanVAE(nn.Module):
         frames = []
         for i in range(n):
             x = self.conv2(z[:, :, i : i + 1])
-            frames.append(self.decoder(x, state.decoder_cache).float().clamp_(-1.0, 1.0))
+            frames.append(self.decoder(x, state.decoder_cache, shard).float().clamp_(-1.0, 1.0))
         video = torch.cat(frames, dim=2)
 
         state.decoder_geometry = (b, h, w)
+        state.decoder_shard = layout
         state.latents_decoded += n
         state.frames_decoded += video.shape[2]
         return video
+
+    def decode_stream_sharded(
+        self, latents: torch.Tensor, state: VAEStreamState, shard: SpatialShard, gather_to: int | None = 0
+    ) -> torch.Tensor | None:
+        """`decode_stream` under `shard`, then the bands gathered into full frames [B, 3, T, H, W].
+
+        `gather_to`: the group rank that receives the frames (the others get None); None gives
+        every rank the frames (an all_gather). One gather per call, after all its latent frames.
+        """
+        band = self.decode_stream(latents, state, shard)
+        if gather_to is None:
+            return shard.gather_rows(band)
+        return shard.gather_rows_to(band, gather_to)
+
+    @staticmethod
+    def split_rows(latents: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+        """Rank `rank`'s band of latent rows: [B, z, F, h, w] -> [B, z, F, h / world_size, w] (a view).
+
+        Raises ValueError unless `world_size` divides h.
+        """
+        return split_rows(latents, rank, world_size)
 
     # ----------------------------------------------------------------------------- one-shot
 
