@@ -1,34 +1,48 @@
 """Headless replay: drive a session from a control trace, write RUN.json (and optionally an MP4).
 
     python -m benchmarks.replay --model tiny --trace TRACE.json --chunks 8 --seed 0 \
-        --out runs/replay.json --video runs/replay.mp4
+        --placement cpu --schedule pipelined --out runs/replay.json --video runs/replay.mp4
 
-The trace is replayed on the media clock: chunk k starts at (frames before it) / fps seconds and
-takes the control state in force at that time. Figures (DESIGN §6): steady compute FPS (frames of
-chunks after the first / their compute seconds), chunk compute p50/p90/p99/max, first-frame
-seconds, per-stage seconds, peak RSS, and the SHA-256 of all frames for determinism checks.
+By default the session runs on the multi-process pipeline (`--placement`, `--schedule`);
+`--in-process` runs the serial reference engine in this process instead. The trace is replayed on
+the media clock: chunk k starts at (frames before it) / fps seconds and takes the control state in
+force at that time, so every engine sees the same controls and must produce the same frames.
+
+Figures (DESIGN §6): steady compute FPS (frames of chunks after the first / their summed stage
+compute seconds), steady throughput FPS (frames after the first chunk / wall time between chunk
+outputs), chunk compute and chunk period p50/p90/p99/max, real-time factor (p95 period / chunk
+media duration), first-frame seconds, per-stage busy/idle seconds, DiT idle fraction in steady
+state, peak RSS, and the SHA-256 of all frames.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
+import queue
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
 from benchmarks.stats import environment, peak_rss_bytes, summarize
 from benchmarks.trace import Trace, TraceReplayer
 from benchmarks.video import Mp4Writer
-from workers.models.presets import PRESETS
+from workers.images import fit_image, read_image
+from workers.models.camera import ChunkControl
+from workers.models.presets import PRESETS, ModelPreset, get_preset
+from workers.runtime.placement import PLACEMENTS, get_placement
 from workers.serial_engine import SerialEngine
 
 ASSETS = Path(__file__).parent / "assets"
 DEFAULT_TRACE = ASSETS / "default_trace.json"
 DEFAULT_IMAGE = ASSETS / "default_start.png"
+STAGES = ("encode", "dit", "decode")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -42,7 +56,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--weights-seed", type=int, default=0, help="seed of random weights when no checkpoint")
     p.add_argument("--image", type=Path, default=DEFAULT_IMAGE, help="start image")
     p.add_argument("--prompt", default="a quiet countryside path on a sunny day", help="text prompt")
-    p.add_argument("--device", default="cpu", help="torch device for all stages")
+    p.add_argument("--placement", default="cpu", help=f"one of {sorted(PLACEMENTS)} or a placement .json")
+    p.add_argument("--schedule", default="pipelined", choices=("pipelined", "serial"), help="A/B schedule")
+    p.add_argument("--in-process", action="store_true", help="run the serial reference engine in this process")
+    p.add_argument("--device", default="cpu", help="torch device for --in-process")
     p.add_argument("--out", type=Path, required=True, help="where to write RUN.json")
     p.add_argument("--video", type=Path, default=None, help="where to write the MP4 (optional)")
     p.add_argument("--quiet", action="store_true", help="no per-chunk progress lines")
@@ -52,71 +69,203 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def run(args: argparse.Namespace) -> dict[str, object]:
-    def log(msg: str) -> None:
-        if not args.quiet:
-            print(msg, file=sys.stderr, flush=True)
+def chunk_start_frame(index: int, chunk_latent_frames: int) -> int:
+    """Video frames before chunk `index` (the first chunk is 4C−3 frames, later ones 4C)."""
+    return 0 if index == 0 else 4 * chunk_latent_frames - 3 + (index - 1) * 4 * chunk_latent_frames
 
-    trace = Trace.load(args.trace)
+
+class Recorder:
+    """Hashes frames, writes the video and prints progress as chunks arrive (in order)."""
+
+    def __init__(self, args: argparse.Namespace, preset: ModelPreset) -> None:
+        self.args = args
+        self.digest = hashlib.sha256()
+        self.writer = Mp4Writer(args.video, preset.width_px, preset.height_px, preset.fps) if args.video else None
+        self.chunks: list[dict[str, Any]] = []
+
+    def add(self, frames: np.ndarray, row: dict[str, Any]) -> None:
+        assert row["index"] == len(self.chunks), f"chunk {row['index']} arrived out of order"
+        self.digest.update(frames.tobytes())
+        if self.writer is not None:
+            self.writer.write(frames)
+        self.chunks.append(row)
+        if not self.args.quiet:
+            busy = ", ".join(f"{s} {row[f'{s}_s']:.2f}" for s in STAGES)
+            print(
+                f"chunk {row['index'] + 1}/{self.args.chunks}: {len(frames)} frames, compute {row['compute_s']:.2f} s "
+                f"({busy}) keys={''.join(row['keys']) or '-'}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _run_in_process(args: argparse.Namespace, trace: Trace, rec: Recorder, preset: ModelPreset) -> dict[str, Any]:
     device = torch.device(args.device)
-    t_load = time.perf_counter()
-    engine = SerialEngine.load(args.model, args.checkpoint, device, weights_seed=args.weights_seed)
-    load_s = time.perf_counter() - t_load
-    preset = engine.preset
-    weights = preset.weights_note if args.checkpoint is None else f"checkpoint {args.checkpoint}"
-    log(
-        f"model {preset.name} ({weights}) on {device}, {preset.width_px}x{preset.height_px} @ {preset.fps} fps; "
-        f"loaded in {load_s:.2f} s"
-    )
-
+    t0 = time.perf_counter()
+    engine = SerialEngine.load(preset, args.checkpoint, device, weights_seed=args.weights_seed)
+    load_s = time.perf_counter() - t0
+    replayer = TraceReplayer(trace)
     t_start = time.perf_counter()
     session = engine.create_session(args.image, args.prompt, args.seed, args.chunk_frames)
-    replayer = TraceReplayer(trace)
-    digest = hashlib.sha256()
-    writer = Mp4Writer(args.video, preset.width_px, preset.height_px, preset.fps) if args.video else None
-    chunks: list[dict[str, object]] = []
-    first_frame_s = None
     try:
         for k in range(args.chunks):
-            start_media_s = session.frames_done / preset.fps
-            control, reset = replayer.control_at(start_media_s)
+            control, reset = replayer.control_at(session.frames_done / preset.fps)
             if reset:
                 session.camera.reset_pose()
             result = session.step(control)
-            if first_frame_s is None:
-                first_frame_s = time.perf_counter() - t_start
-            digest.update(result.frames.tobytes())
-            if writer is not None:
-                writer.write(result.frames)
             tm = result.timings
-            chunks.append(
-                {
-                    "index": k,
-                    "media_start_s": start_media_s,
-                    "num_frames": len(result.frames),
-                    "keys": sorted(control.keys),
-                    "applied_seq": control.seq,
-                    "compute_s": tm.total_s,
-                    "encode_s": tm.encode_s,
-                    "denoise_s": tm.denoise_s,
-                    "decode_s": tm.decode_s,
-                }
-            )
-            log(
-                f"chunk {k + 1}/{args.chunks}: {len(result.frames)} frames in {tm.total_s:.2f} s "
-                f"(encode {tm.encode_s:.2f}, denoise {tm.denoise_s:.2f}, decode {tm.decode_s:.2f}) "
-                f"keys={''.join(sorted(control.keys)) or '-'}"
+            rec.add(
+                result.frames,
+                _row(
+                    k,
+                    len(result.frames),
+                    control,
+                    tm.encode_s,
+                    tm.denoise_s,
+                    tm.decode_s,
+                    time.perf_counter() - t_start,
+                    preset,
+                    session.chunk_latent_frames,
+                ),
             )
     finally:
         session.close()
-        if writer is not None:
-            writer.close()
+    return {"engine": "in-process serial", "load_s": load_s, "stage_report": None}
 
+
+def _run_pipeline(args: argparse.Namespace, trace: Trace, rec: Recorder, preset: ModelPreset) -> dict[str, Any]:
+    from workers.runtime.engine import ChunkOutput, PipelineEngine
+
+    placement = get_placement(args.placement)
+    engine = PipelineEngine(
+        preset, placement, args.schedule, max_sessions=1, checkpoint_dir=args.checkpoint, weights_seed=args.weights_seed
+    )
+    t0 = time.perf_counter()
+    engine.start()
+    load_s = time.perf_counter() - t0
+    if not args.quiet:
+        print(f"workers ready in {load_s:.1f} s: {engine.worker_pids()}", file=sys.stderr, flush=True)
+    chunk = args.chunk_frames or preset.chunk_latent_frames
+    replayer = TraceReplayer(trace)
+    outputs: queue.Queue[ChunkOutput | tuple[str, str | None]] = queue.Queue()
+
+    def control_source(index: int) -> tuple[ChunkControl, bool]:
+        return replayer.control_at(chunk_start_frame(index, chunk) / preset.fps)
+
+    try:
+        image = fit_image(read_image(args.image), preset.height_px, preset.width_px)
+        t_start = time.perf_counter()
+        engine.open_session(
+            image,
+            args.prompt,
+            args.seed,
+            control_source,
+            outputs.put,
+            lambda sid, err: outputs.put(("end", err)),
+            chunk,
+            max_chunks=args.chunks,
+        )
+        while True:
+            item = outputs.get(timeout=600)
+            if isinstance(item, tuple):
+                if item[1] is not None:
+                    raise RuntimeError(f"session failed: {item[1]}")
+                break
+            r = item.record
+            s = {name: r.stages[stage] for name, stage in zip(STAGES, r.stages, strict=True)}
+            assert r.frames_ready_t is not None and r.control is not None
+            rec.add(
+                item.frames,
+                _row(
+                    item.index,
+                    len(item.frames),
+                    r.control,
+                    s["encode"].busy_s,
+                    s["dit"].busy_s,
+                    s["decode"].busy_s,
+                    r.frames_ready_t - t_start,
+                    preset,
+                    chunk,
+                ),
+            )
+        stats = engine.stats()
+        report = engine.stage_report()
+    finally:
+        engine.shutdown()
+    return {
+        "engine": f"pipeline ({placement.name}, {args.schedule})",
+        "load_s": load_s,
+        "stage_report": report,
+        "engine_counters": stats.get("counters"),
+        "slots_in_use_after": {k: v["slots_in_use"] for k, v in stats.get("stages", {}).items()},
+    }
+
+
+def _row(
+    index: int,
+    num_frames: int,
+    control: ChunkControl,
+    encode_s: float,
+    dit_s: float,
+    decode_s: float,
+    ready_s: float,
+    preset: ModelPreset,
+    chunk: int,
+) -> dict[str, Any]:
+    return {
+        "index": index,
+        "media_start_s": chunk_start_frame(index, chunk) / preset.fps,
+        "num_frames": num_frames,
+        "keys": sorted(control.keys),
+        "applied_seq": control.seq,
+        "compute_s": encode_s + dit_s + decode_s,
+        "encode_s": encode_s,
+        "dit_s": dit_s,
+        "decode_s": decode_s,
+        "frames_ready_s": ready_s,
+    }
+
+
+def _dit_idle_fraction(stage_report: dict[str, Any] | None, chunks: list[dict[str, Any]]) -> float | None:
+    """DiT idle time / wall time between its first and last chunk outputs (steady state)."""
+    if not stage_report or len(chunks) < 3:
+        return None
+    intervals = stage_report["dit"]["idle_intervals"]
+    # The steady window: after the first chunk's frames are out, until the last chunk's are.
+    start, end = chunks[0]["frames_ready_s"], chunks[-1]["frames_ready_s"]
+    idle = sum(max(0.0, min(b, end) - max(a, start)) for a, b in intervals)
+    return idle / (end - start) if end > start else None
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    trace = Trace.load(args.trace)
+    preset = get_preset(args.model)
+    weights = preset.weights_note if args.checkpoint is None else f"checkpoint {args.checkpoint}"
+    if not args.quiet:
+        print(
+            f"model {preset.name} ({weights}), {preset.width_px}x{preset.height_px} @ {preset.fps} fps",
+            file=sys.stderr,
+            flush=True,
+        )
+    rec = Recorder(args, preset)
+    try:
+        meta = (_run_in_process if args.in_process else _run_pipeline)(args, trace, rec, preset)
+    finally:
+        rec.close()
+    chunks = rec.chunks
     steady = chunks[1:]
-    steady_frames = sum(int(c["num_frames"]) for c in steady)  # type: ignore[call-overload]
-    steady_compute = sum(float(c["compute_s"]) for c in steady)  # type: ignore[arg-type]
-    num_frames = sum(int(c["num_frames"]) for c in chunks)  # type: ignore[call-overload]
-    report: dict[str, object] = {
+    steady_frames = sum(c["num_frames"] for c in steady)
+    steady_compute = sum(c["compute_s"] for c in steady)
+    num_frames = sum(c["num_frames"] for c in chunks)
+    periods = [b["frames_ready_s"] - a["frames_ready_s"] for a, b in itertools.pairwise(chunks)]
+    chunk_media_s = 4 * (args.chunk_frames or preset.chunk_latent_frames) / preset.fps
+    steady_wall = chunks[-1]["frames_ready_s"] - chunks[0]["frames_ready_s"] if len(chunks) > 1 else 0.0
+    stage_report = meta.pop("stage_report")
+    report: dict[str, Any] = {
         "model": {
             "preset": preset.name,
             "weights": weights,
@@ -124,24 +273,31 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             "height_px": preset.height_px,
             "fps": preset.fps,
         },
-        "schedule": "serial-engine",
+        **meta,
         "num_chunks": len(chunks),
         "num_frames": num_frames,
         "media_duration_s": num_frames / preset.fps,
-        "load_s": load_s,
-        "first_frame_s": first_frame_s,
+        "first_frame_s": chunks[0]["frames_ready_s"],
         "steady_compute_fps": steady_frames / steady_compute if steady_compute > 0 else None,
-        "chunk_compute_s": summarize([float(c["compute_s"]) for c in steady]),  # type: ignore[arg-type]
+        "steady_throughput_fps": steady_frames / steady_wall if steady_wall > 0 else None,
+        "chunk_compute_s": summarize([c["compute_s"] for c in steady]),
         "first_chunk_compute_s": chunks[0]["compute_s"],
-        "stage_seconds": {s: sum(float(c[f"{s}_s"]) for c in chunks) for s in ("encode", "denoise", "decode")},  # type: ignore[arg-type]
+        "chunk_period_s": summarize(periods),
+        "real_time_factor": float(np.percentile(periods, 95)) / chunk_media_s if periods else None,
+        "stage_seconds": {
+            s: {
+                "busy_s": sum(c[f"{s}_s"] for c in chunks),
+                "idle_s": None if stage_report is None else stage_report[s]["idle_s"],
+            }
+            for s in STAGES
+        },
+        "dit_idle_fraction": _dit_idle_fraction(stage_report, chunks),
         "peak_rss_bytes": peak_rss_bytes(),
-        "frames_sha256": digest.hexdigest(),
+        "frames_sha256": rec.digest.hexdigest(),
         "chunks": chunks,
-        "environment": environment(device),
+        "environment": environment(torch.device(args.device if args.in_process else "cpu")),
         "request": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
     }
-    if steady_compute > 0:
-        report["real_time_ratio"] = (steady_frames / steady_compute) / preset.fps
     return report
 
 
@@ -150,12 +306,13 @@ def main(argv: list[str] | None = None) -> int:
     report = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    fps = report["steady_compute_fps"]
-    print(
-        f"frames: {report['num_frames']} ({report['media_duration_s']:.2f} s of video), steady compute FPS: {fps:.2f}"
-        if fps
-        else f"frames: {report['num_frames']}"
-    )
+    line = f"frames: {report['num_frames']} ({report['media_duration_s']:.2f} s of video)"
+    if report["steady_throughput_fps"]:
+        line += (
+            f", steady throughput {report['steady_throughput_fps']:.2f} FPS, "
+            f"real-time factor {report['real_time_factor']:.2f}"
+        )
+    print(line)
     print(f"report: {args.out}")
     if args.video:
         print(f"video:  {args.video}")

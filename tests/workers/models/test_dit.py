@@ -148,8 +148,16 @@ def test_cache_is_bounded_and_keeps_sink() -> None:
         for k in range(NUM_CHUNKS):
             sl = slice(k * CHUNK, (k + 1) * CHUNK)
             x = torch.randn(1, 16, CHUNK, LAT_H, LAT_W)
-            dit(x, data["cond"][:, :, sl], torch.zeros(1), text_kv, dit.chunk_camera(data["cam"][:, :, sl]),
-                cache.committed_frames, cache, commit=True)  # fmt: skip
+            dit(
+                x,
+                data["cond"][:, :, sl],
+                torch.zeros(1),
+                text_kv,
+                dit.chunk_camera(data["cam"][:, :, sl]),
+                cache.committed_frames,
+                cache,
+                commit=True,
+            )
             if sink_k is None:
                 sink_k = cache.layers[0].k[:, :TOKENS].clone()
     assert cache.committed_frames == NUM_CHUNKS * CHUNK

@@ -81,8 +81,17 @@ def run_model(sp: SequenceParallel | None) -> dict[str, Any]:
     cache = new_cache(heads)
     first = slice(0, CHUNK)
     cam = dit.chunk_camera(data["cam"][:, :, first], sp=sp)
-    out = dit(data["x"][:, :, first], data["cond"][:, :, first], torch.tensor([500.0]), text_kv, cam, 0, cache,
-              commit=True, sp=sp)  # fmt: skip
+    out = dit(
+        data["x"][:, :, first],
+        data["cond"][:, :, first],
+        torch.tensor([500.0]),
+        text_kv,
+        cam,
+        0,
+        cache,
+        commit=True,
+        sp=sp,
+    )
     result["forward"] = out.numpy()
     result["cache_k"] = np.stack([layer.k.numpy() for layer in cache.layers])
     result["cache_v"] = np.stack([layer.v.numpy() for layer in cache.layers])
@@ -91,8 +100,9 @@ def run_model(sp: SequenceParallel | None) -> dict[str, Any]:
     frames = CHUNK * NUM_CHUNKS
     mask = window_mask(frames, CHUNK, TOKENS, LOCAL, SINK)
     cam = dit.chunk_camera(data["cam"], sp=sp)
-    result["masked"] = dit(data["x"], data["cond"], torch.tensor([300.0]), text_kv, cam, 0, attn_mask=mask,
-                           sp=sp).numpy()  # fmt: skip
+    result["masked"] = dit(
+        data["x"], data["cond"], torch.tensor([300.0]), text_kv, cam, 0, attn_mask=mask, sp=sp
+    ).numpy()
 
     # A streamed session: few-step sampling per chunk, then the commit forward, window evicting.
     cache = new_cache(heads)

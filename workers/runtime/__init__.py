@@ -1,0 +1,1 @@
+"""Worker runtime: process entry, typed messages, stage servers, tensor channels."""

@@ -1,0 +1,48 @@
+"""Decode stage worker (one rank of a height-sharded group): latents in, uint8 frames to the server.
+
+Each rank reads only its band of latent rows from the DiT's slot; rank 0 gathers the frame and
+publishes it into host shared memory (the frame ring) for the server to copy out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from workers.models.components import load_vae
+from workers.models.presets import get_preset
+from workers.parallel.group import StageGroup
+from workers.parallel.halo import SpatialShard
+from workers.runtime.messages import ChunkDone, Command, DecodeChunk, OpenSession, Reply, SessionOpened
+from workers.runtime.servers import StageServer
+from workers.runtime.worker import WorkerSpec
+from workers.stages.decode import DecodeSession
+
+
+class DecodeServer(StageServer):
+    def __init__(self, spec: WorkerSpec, group: StageGroup) -> None:
+        super().__init__(spec, group)
+        self.preset = get_preset(spec.preset)
+        ckpt = Path(spec.checkpoint_dir) if spec.checkpoint_dir else None
+        self.vae = load_vae(self.preset, self.device, ckpt, seed=spec.weights_seed + 1)
+        self.shard = SpatialShard.from_group(group) if group.is_multi_rank else None
+
+    def handle_stage(self, msg: Command) -> Iterator[Reply]:
+        stage, rank = self.spec.stage, self.spec.rank
+        if isinstance(msg, OpenSession):
+            self.sessions[msg.session_id] = DecodeSession(self.vae, self.shard)
+            yield SessionOpened(stage, rank, msg.session_id, msg.epoch)
+        elif isinstance(msg, DecodeChunk):
+            session: DecodeSession = self.sessions[msg.session_id]
+            self.check_fault(msg.chunk_index)
+            band, ack = self.take(msg.latents, shard_rank=rank if self.shard else None)
+            with self.timed() as timer:
+                frames = session.run_chunk(band)
+            out = None if frames is None else self.publish(torch.from_numpy(frames))
+            yield ChunkDone(
+                stage, rank, msg.session_id, msg.epoch, msg.chunk_index, timer.busy_s, output=out, acks=(ack,)
+            )
+        else:
+            raise TypeError(f"decode stage cannot handle {type(msg).__name__}")

@@ -1,0 +1,156 @@
+"""Typed messages between the scheduler (server process) and stage workers, dispatched by type.
+
+They travel over per-worker pipes. They hold only small values: ids, indices, controls, timings,
+and `SlotRef`s naming tensors that live in a producer's slots (tensors never pass through the
+server process). A client never supplies these objects: the server builds them from validated
+input, so pickling them between our own processes is safe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+from workers.models.camera import ChunkControl
+from workers.runtime.channel import Ack, InlineTensor, SlotRef
+
+TensorRef = SlotRef | InlineTensor
+
+
+class Stage(StrEnum):
+    ENCODE = "encode"
+    DIT = "dit"
+    DECODE = "decode"
+
+
+# ---- scheduler -> worker ----
+
+
+@dataclass(frozen=True)
+class OpenSession:
+    session_id: str
+    epoch: int
+    chunk_latent_frames: int
+    seed: int = 0
+    image: np.ndarray | None = None  # encode: HxWx3 uint8, already fitted to the model resolution
+    prompt: str = ""  # encode
+    text: TensorRef | None = None  # dit: prompt embeddings from the encode stage
+
+
+@dataclass(frozen=True)
+class EncodeChunk:
+    session_id: str
+    epoch: int
+    chunk_index: int
+
+
+@dataclass(frozen=True)
+class DenoiseChunk:
+    session_id: str
+    epoch: int
+    chunk_index: int
+    cond: TensorRef
+    control: ChunkControl
+    reset_pose: bool = False
+
+
+@dataclass(frozen=True)
+class DecodeChunk:
+    session_id: str
+    epoch: int
+    chunk_index: int
+    latents: TensorRef
+
+
+@dataclass(frozen=True)
+class CloseSession:
+    session_id: str
+
+
+@dataclass(frozen=True)
+class Release:
+    """Acks forwarded from consumers to the producer that owns the slots."""
+
+    acks: tuple[Ack, ...]
+
+
+@dataclass(frozen=True)
+class QueryStats:
+    pass
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+Command = OpenSession | EncodeChunk | DenoiseChunk | DecodeChunk | CloseSession | Release | QueryStats | Shutdown
+
+
+# ---- worker -> scheduler ----
+
+
+@dataclass(frozen=True)
+class WorkerReady:
+    stage: Stage
+    rank: int
+    pid: int
+    device: str
+    load_s: float
+
+
+@dataclass(frozen=True)
+class SessionOpened:
+    stage: Stage
+    rank: int
+    session_id: str
+    epoch: int
+    text: TensorRef | None = None  # encode: prompt embeddings for the DiT
+    acks: tuple[Ack, ...] = ()
+
+
+@dataclass(frozen=True)
+class ChunkDone:
+    """A stage finished a chunk. `output` is set by rank 0 of a stage that produces a tensor."""
+
+    stage: Stage
+    rank: int
+    session_id: str
+    epoch: int
+    chunk_index: int
+    busy_s: float  # compute time inside the worker (device-synchronised)
+    output: TensorRef | None = None
+    acks: tuple[Ack, ...] = ()  # inputs consumed (copied) by this rank
+    info: dict[str, float | int | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SessionClosed:
+    stage: Stage
+    rank: int
+    session_id: str
+
+
+@dataclass(frozen=True)
+class StageStats:
+    stage: Stage
+    rank: int
+    channel: dict[str, int]
+    slots_in_use: int
+    sessions: int
+
+
+@dataclass(frozen=True)
+class StageFailed:
+    """A command failed. `fatal`: the worker is exiting (its whole stage must be restarted)."""
+
+    stage: Stage
+    rank: int
+    session_id: str | None
+    error: str
+    fatal: bool
+
+
+Reply = WorkerReady | SessionOpened | ChunkDone | SessionClosed | StageStats | StageFailed

@@ -1,0 +1,160 @@
+"""Worker-side stage servers: per-session state plus channel plumbing, one handler per command type.
+
+A server consumes input tensors named by `SlotRef`s (copying them out and acking), runs its stage,
+and publishes its output into its own producer channel. The base class holds what all three
+stages share; each stage's file holds only its own work.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from workers.parallel.group import StageGroup
+from workers.runtime.channel import Ack, ChannelConsumer, ChannelProducer
+from workers.runtime.messages import (
+    CloseSession,
+    Command,
+    QueryStats,
+    Release,
+    Reply,
+    SessionClosed,
+    Stage,
+    StageStats,
+    TensorRef,
+)
+from workers.runtime.worker import WorkerSpec
+
+
+class StageServer:
+    # Slots per output profile: up to 2 chunks in flight on each edge per session, for a few sessions;
+    # a busy pool falls back to the inline path rather than blocking the stage.
+    OUTPUT_SLOTS = 4
+
+    def __init__(self, spec: WorkerSpec, group: StageGroup) -> None:
+        self.spec = spec
+        self.group = group
+        self.device = torch.device(spec.device)
+        self.consumer = ChannelConsumer(self.device)
+        # Rank 0 publishes the stage's output; other ranks of a multi-rank stage only consume. Decode
+        # output goes to the server, so it lives in host shared memory: the frame ring.
+        to_server = spec.stage is Stage.DECODE
+        self.producer = (
+            ChannelProducer(
+                f"{spec.stage.value}{spec.rank}",
+                torch.device("cpu") if to_server else self.device,
+                slots_per_profile=spec.frame_ring_slots if to_server else self.OUTPUT_SLOTS,
+            )
+            if spec.rank == 0
+            else None
+        )
+        self.sessions: dict[str, Any] = {}
+        self._fault_rng: random.Random | None = None
+        self._fault_fired = False
+
+    # ---- dispatch ----
+
+    def handle(self, msg: Command) -> Iterator[Reply]:
+        if isinstance(msg, Release):
+            assert self.producer is not None, "only rank 0 owns output slots"
+            for ack in msg.acks:
+                self.producer.release(ack)
+            return
+        if isinstance(msg, QueryStats):
+            yield StageStats(
+                self.spec.stage,
+                self.spec.rank,
+                self.producer.stats() if self.producer else {},
+                self.producer.in_use() if self.producer else 0,
+                len(self.sessions),
+            )
+            return
+        if isinstance(msg, CloseSession):
+            self.drop_session(msg.session_id)
+            yield SessionClosed(self.spec.stage, self.spec.rank, msg.session_id)
+            return
+        yield from self.handle_stage(msg)
+
+    def handle_stage(self, msg: Command) -> Iterator[Reply]:
+        raise NotImplementedError
+
+    # ---- helpers for subclasses ----
+
+    def take(self, ref: TensorRef, shard_rank: int | None = None) -> tuple[torch.Tensor, Ack]:
+        """Copy an input tensor out of its producer's slot; the ack lets the producer reuse it."""
+        tensor = self.consumer.get(ref, shard_rank=shard_rank, copy=True)
+        return tensor, self.consumer.ack(ref, "copied")
+
+    def publish(self, tensor: torch.Tensor, shard_dim: int | None = None, num_shards: int = 1) -> TensorRef | None:
+        if self.producer is None:
+            return None
+        return self.producer.put(tensor, shard_dim=shard_dim, num_shards=num_shards)
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def timed(self) -> _Timer:
+        return _Timer(self)
+
+    def check_fault(self, chunk_index: int) -> None:
+        """Injected faults (tests only; `spec.fault` is None in service)."""
+        fault = self.spec.fault
+        if fault is None:
+            return
+        if fault.max_delay_s > 0:
+            if self._fault_rng is None:
+                self._fault_rng = random.Random(fault.seed * 1000 + self.spec.rank)
+            time.sleep(self._fault_rng.uniform(0, fault.max_delay_s))
+        if chunk_index == fault.chunk_index and not self._fault_fired:
+            self._fault_fired = True  # once: a later session passes, showing only the hit session failed
+            raise RuntimeError(fault.message)
+
+    def drop_session(self, session_id: str | None) -> None:
+        if session_id is not None:
+            self.sessions.pop(session_id, None)
+
+    def close(self) -> None:
+        self.sessions.clear()
+        self.consumer.close()
+        if self.producer is not None:
+            self.producer.close()
+
+
+class _Timer:
+    """Device-synchronised busy time of one command."""
+
+    def __init__(self, server: StageServer) -> None:
+        self.server = server
+        self.busy_s = 0.0
+
+    def __enter__(self) -> _Timer:
+        self.server.synchronize()
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.synchronize()
+        self.busy_s = time.perf_counter() - self._t0
+
+
+def build_server(spec: WorkerSpec, group: StageGroup) -> StageServer:
+    if spec.fixed_stage_s is not None:
+        from workers.runtime.fixed_time import FixedTimeServer
+
+        return FixedTimeServer(spec, group)
+    if spec.stage is Stage.ENCODE:
+        from workers.runtime.encode_server import EncodeServer
+
+        return EncodeServer(spec, group)
+    if spec.stage is Stage.DIT:
+        from workers.runtime.dit_server import DitServer
+
+        return DitServer(spec, group)
+    from workers.runtime.decode_server import DecodeServer
+
+    return DecodeServer(spec, group)
