@@ -73,9 +73,9 @@ def run_schedule(args: argparse.Namespace, schedule: str) -> dict[str, Any]:
                     raise RuntimeError(value)
                 break
             ready.append(value)
-            print(f"{schedule}: chunk {len(ready)}/{args.chunks}", file=sys.stderr, end="\r", flush=True)
+            if len(ready) % 10 == 0 or len(ready) == args.chunks:
+                print(f"{schedule}: {len(ready)}/{args.chunks} chunks", file=sys.stderr, flush=True)
         report = engine.stage_report()
-    print(file=sys.stderr)
     steady = ready[args.warmup_chunks :]
     periods = np.diff(steady)
     throughput = (len(steady) - 1) / (steady[-1] - steady[0])

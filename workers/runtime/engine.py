@@ -42,7 +42,7 @@ import numpy as np
 
 from workers.models.camera import ChunkControl
 from workers.models.presets import ModelPreset, get_preset
-from workers.runtime.channel import Ack, ChannelConsumer, SlotRef
+from workers.runtime.channel import Ack, ChannelConsumer, SlotRef, remove_segments
 from workers.runtime.messages import (
     ChunkDone,
     CloseSession,
@@ -358,6 +358,8 @@ class PipelineEngine:
     def _spawn(self, stage: Stage) -> None:
         w = self.stages[stage]
         ctx = mp.get_context("spawn")
+        # Idle OpenMP threads that spin would steal the cores other stages' processes are using.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         if w.world_size > 1:
             w.dist_dir = tempfile.mkdtemp(prefix=f"worldrtc-{stage.value}-")
         w.procs, w.conns = [], []
@@ -406,6 +408,9 @@ class PipelineEngine:
             if proc.is_alive():
                 proc.kill()
             proc.join(5)
+            if proc.pid is not None:
+                # A worker that did not exit cleanly cannot unlink its own slot files.
+                remove_segments(proc.pid)
         for conn in w.conns:
             conn.close()
         w.procs, w.conns, w.alive, w.inflight = [], [], False, None

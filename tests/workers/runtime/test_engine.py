@@ -180,6 +180,7 @@ def test_killed_worker_is_detected_and_replaced() -> None:
                 break
         assert time.monotonic() - killed_at < 2.0, "death noticed too late"
         assert value is not None and "dit" in value
+        assert leaked_segments(dit_pid) == [], "the killed worker's slot files were not removed"
         # New sessions get fresh workers.
         assert len(run_session(engine, seed=2, num_chunks=2)) == 2
         assert engine.worker_pids()["dit"][0] != dit_pid
