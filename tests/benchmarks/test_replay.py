@@ -53,7 +53,7 @@ def test_run_report_and_video(tmp_path, capsys) -> None:
     assert [c["keys"] for c in chunks] == [["w"], ["w"], ["w"]]  # w is held until 2.0 s
     assert [c["applied_seq"] for c in chunks] == [1, 1, 1]
     for c in chunks:
-        assert c["compute_s"] == pytest.approx(c["encode_s"] + c["denoise_s"] + c["decode_s"])
+        assert c["compute_s"] == pytest.approx(c["encode_s"] + c["dit_s"] + c["decode_s"])
 
     assert video.is_file()
     with av.open(str(video)) as container:
@@ -97,3 +97,18 @@ def test_out_is_required(capsys) -> None:
         main(["--chunks", "1"])
     assert info.value.code == 2
     assert "--out" in capsys.readouterr().err
+
+
+def test_pipeline_and_in_process_engines_agree(tmp_path) -> None:
+    pipelined = _replay(tmp_path, "pipelined", "--schedule", "pipelined")
+    serial = _replay(tmp_path, "serial", "--schedule", "serial")
+    in_process = _replay(tmp_path, "inproc", "--in-process")
+    assert pipelined["frames_sha256"] == serial["frames_sha256"] == in_process["frames_sha256"]
+    assert pipelined["engine"] == "pipeline (cpu, pipelined)"
+    assert in_process["engine"] == "in-process serial"
+    for report in (pipelined, serial):
+        assert set(report["stage_seconds"]) == {"encode", "dit", "decode"}
+        assert all(v["idle_s"] is not None for v in report["stage_seconds"].values())
+        assert report["engine_counters"]["leaked_slots"] == 0
+        assert all(n == 0 for n in report["slots_in_use_after"].values())
+    assert in_process["stage_seconds"]["dit"]["idle_s"] is None
