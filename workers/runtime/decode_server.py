@@ -37,12 +37,19 @@ class DecodeServer(StageServer):
         elif isinstance(msg, DecodeChunk):
             session: DecodeSession = self.sessions[msg.session_id]
             self.check_fault(msg.chunk_index)
-            band, ack = self.take(msg.latents, shard_rank=rank if self.shard else None)
+            band = self.take(msg.latents, shard_rank=rank if self.shard else None)
             with self.timed() as timer:
                 frames = session.run_chunk(band)
             out = None if frames is None else self.publish(torch.from_numpy(frames))
             yield ChunkDone(
-                stage, rank, msg.session_id, msg.epoch, msg.chunk_index, timer.busy_s, output=out, acks=(ack,)
+                stage,
+                rank,
+                msg.session_id,
+                msg.epoch,
+                msg.chunk_index,
+                timer.busy_s,
+                output=out,
+                acks=self.done_with(msg.latents),
             )
         else:
             raise TypeError(f"decode stage cannot handle {type(msg).__name__}")

@@ -44,14 +44,14 @@ class DitServer(StageServer):
         stage, rank = self.spec.stage, self.spec.rank
         if isinstance(msg, OpenSession):
             assert msg.text is not None, "the DiT needs the prompt embeddings"
-            text, ack = self.take(msg.text)
+            text = self.take(msg.text)
             denoise = DenoiseSession(self.dit, self.preset, [text], msg.seed, msg.chunk_latent_frames, self.sp)
             self.sessions[msg.session_id] = DitSession(denoise, CameraTrack.for_preset(self.preset))
-            yield SessionOpened(stage, rank, msg.session_id, msg.epoch, acks=(ack,))
+            yield SessionOpened(stage, rank, msg.session_id, msg.epoch, acks=self.done_with(msg.text))
         elif isinstance(msg, DenoiseChunk):
             session: DitSession = self.sessions[msg.session_id]
             self.check_fault(msg.chunk_index)
-            cond, ack = self.take(msg.cond)
+            cond = self.take(msg.cond)
             with self.timed() as timer:
                 if msg.reset_pose:
                     session.camera.reset_pose()
@@ -59,7 +59,14 @@ class DitServer(StageServer):
                 latents = session.denoise.run_chunk(cond, cells)
             out = self.publish(latents, shard_dim=LATENT_ROW_DIM, num_shards=self.spec.output_shards)
             yield ChunkDone(
-                stage, rank, msg.session_id, msg.epoch, msg.chunk_index, timer.busy_s, output=out, acks=(ack,)
+                stage,
+                rank,
+                msg.session_id,
+                msg.epoch,
+                msg.chunk_index,
+                timer.busy_s,
+                output=out,
+                acks=self.done_with(msg.cond),
             )
         else:
             raise TypeError(f"DiT stage cannot handle {type(msg).__name__}")

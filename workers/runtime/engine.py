@@ -173,6 +173,7 @@ class Inflight:
     epoch: int
     kind: str
     chunk_index: int | None
+    inputs: tuple[tuple[Stage, TensorRef], ...] = ()  # (producer, ref) read by the command
     replies: list[Any] = field(default_factory=list)
 
 
@@ -201,6 +202,16 @@ def _ref_key(ref: TensorRef | None) -> tuple[str, str, int, int, int] | None:
     if isinstance(ref, SlotRef):
         return (ref.producer, ref.channel_id, ref.profile_id, ref.slot, ref.generation)
     return None
+
+
+def _inputs_of(stage: Stage, cmd: Any) -> tuple[tuple[Stage, TensorRef], ...]:
+    if isinstance(cmd, DenoiseChunk):
+        return ((Stage.ENCODE, cmd.cond),)
+    if isinstance(cmd, DecodeChunk):
+        return ((Stage.DIT, cmd.latents),)
+    if isinstance(cmd, OpenSession) and cmd.text is not None:
+        return ((Stage.ENCODE, cmd.text),)
+    return ()
 
 
 class PipelineEngine:
@@ -611,10 +622,12 @@ class PipelineEngine:
             out = getattr(first, "output", None) or getattr(first, "text", None)
             if out is not None:
                 self._send_release(stage, [Ack.of(out, "discarded")])
+            self._release_unread(None, inflight, acks)
             return
         if inflight.kind == "chunk":
             session.inflight.pop(stage, None)
         if failures:
+            self._release_unread(session, inflight, acks)
             self._fail(session, failures[0].error)
             return
         if inflight.kind == "open":
@@ -687,6 +700,17 @@ class PipelineEngine:
                 session.outstanding.pop(key, None)
         self._send_release(producer, forward)
 
+    def _release_unread(self, session: EngineSession | None, inflight: Inflight, acks: list[Ack]) -> None:
+        """A failed or stale command may not have acked its inputs: give those slots back."""
+        acked = {_ref_key(a.ref) for a in acks}
+        for producer, ref in inflight.inputs:
+            key = _ref_key(ref)
+            if key is None or key in acked:
+                continue
+            if session is not None:
+                session.outstanding.pop(key, None)
+            self._send_release(producer, [Ack.of(ref, "discarded")])
+
     def _release(self, session: EngineSession, producer: Stage, refs: list[TensorRef], outcome: str) -> None:
         """Release whole slots on a consumer's behalf (copied by the server, or discarded)."""
         acks = []
@@ -733,6 +757,7 @@ class PipelineEngine:
             epoch=0 if session is None else session.epoch,
             kind=kind,
             chunk_index=chunk,
+            inputs=_inputs_of(stage, cmd),
         )
         if session is not None and kind == "chunk":
             assert chunk is not None

@@ -49,7 +49,8 @@ class FixedTimeServer(StageServer):
             if stage is Stage.ENCODE:
                 text = self.publish(torch.zeros(8, p.t5.dim))
             elif msg.text is not None:
-                acks = (self.take(msg.text)[1],)
+                self.take(msg.text)
+                acks = self.done_with(msg.text)
             self.sessions[msg.session_id] = msg.chunk_latent_frames
             yield SessionOpened(stage, rank, msg.session_id, msg.epoch, text=text, acks=acks)
             return
@@ -60,7 +61,8 @@ class FixedTimeServer(StageServer):
             busy = self._hold()
             out = self.publish(torch.zeros(1, 20, chunk, p.latent_height, p.latent_width))
         elif isinstance(msg, DenoiseChunk):
-            acks = (self.take(msg.cond)[1],)
+            self.take(msg.cond)
+            acks = self.done_with(msg.cond)
             busy = self._hold()
             out = self.publish(
                 torch.zeros(1, 16, chunk, p.latent_height, p.latent_width),
@@ -68,7 +70,8 @@ class FixedTimeServer(StageServer):
                 num_shards=self.spec.output_shards,
             )
         elif isinstance(msg, DecodeChunk):
-            acks = (self.take(msg.latents, shard_rank=rank)[1],)
+            self.take(msg.latents, shard_rank=rank)
+            acks = self.done_with(msg.latents)
             busy = self._hold()
             frames = 4 * chunk - 3 if msg.chunk_index == 0 else 4 * chunk
             out = self.publish(torch.zeros(frames, p.height_px, p.width_px, 3, dtype=torch.uint8))

@@ -7,6 +7,7 @@ stages share; each stage's file holds only its own work.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 
 from workers.parallel.group import StageGroup
-from workers.runtime.channel import Ack, ChannelConsumer, ChannelProducer
+from workers.runtime.channel import Ack, ChannelConsumer, ChannelProducer, SlotGoneError, StaleAckError
 from workers.runtime.messages import (
     CloseSession,
     Command,
@@ -28,6 +29,8 @@ from workers.runtime.messages import (
     TensorRef,
 )
 from workers.runtime.worker import WorkerSpec
+
+log = logging.getLogger(__name__)
 
 
 class StageServer:
@@ -62,7 +65,11 @@ class StageServer:
         if isinstance(msg, Release):
             assert self.producer is not None, "only rank 0 owns output slots"
             for ack in msg.acks:
-                self.producer.release(ack)
+                try:
+                    self.producer.release(ack)
+                except (StaleAckError, SlotGoneError) as exc:
+                    # Harmless (the slot was already freed or reused); worth a line, not a failure.
+                    log.warning("%s: ignoring ack: %s", self.spec.name, exc)
             return
         if isinstance(msg, QueryStats):
             yield StageStats(
@@ -84,10 +91,16 @@ class StageServer:
 
     # ---- helpers for subclasses ----
 
-    def take(self, ref: TensorRef, shard_rank: int | None = None) -> tuple[torch.Tensor, Ack]:
-        """Copy an input tensor out of its producer's slot; the ack lets the producer reuse it."""
-        tensor = self.consumer.get(ref, shard_rank=shard_rank, copy=True)
-        return tensor, self.consumer.ack(ref, "copied")
+    def take(self, ref: TensorRef, shard_rank: int | None = None) -> torch.Tensor:
+        """An input tensor read in place from its producer's slot (no copy where it is already on our device).
+
+        The view stays valid until `done_with(ref)`, whose ack goes back with the command's reply; a
+        slot is therefore held for one command and the consumer never copies its inputs.
+        """
+        return self.consumer.get(ref, shard_rank=shard_rank, copy=False)
+
+    def done_with(self, *refs: TensorRef) -> tuple[Ack, ...]:
+        return tuple(self.consumer.ack(ref, "copied") for ref in refs)
 
     def publish(self, tensor: torch.Tensor, shard_dim: int | None = None, num_shards: int = 1) -> TensorRef | None:
         if self.producer is None:
