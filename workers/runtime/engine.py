@@ -81,7 +81,9 @@ class SessionState(Enum):
     FAILED = "failed"
 
 
-ControlSource = Callable[[int], tuple[ChunkControl, bool]]  # chunk index -> (control, reset pose)
+# chunk index -> (control, reset pose), or None to hold the chunk back for now (flow control by the
+# consumer: the scheduler asks again on its next pass).
+ControlSource = Callable[[int], tuple[ChunkControl, bool] | None]
 
 
 @dataclass
@@ -809,10 +811,14 @@ class PipelineEngine:
             waiting = len(s.denoised) + (Stage.DECODE in s.inflight)
             if waiting >= self.edge_capacity or (serial and s.next_dit > s.chunks_out):
                 return None
+            # The control is sampled now, when the DiT is ready to start this chunk; the source may
+            # also hold the chunk back (None) when its viewer is far enough ahead.
+            sampled = s.control_source(s.next_dit)
+            if sampled is None:
+                return None
+            control, reset = sampled
             k, cond = s.encoded.popleft()
             s.next_dit += 1
-            # The control is sampled now, when the DiT is ready to start this chunk.
-            control, reset = s.control_source(k)
             s.record(k).control = control
             return DenoiseChunk(s.id, s.epoch, k, cond, control, reset)
         if not s.denoised:

@@ -1,0 +1,70 @@
+"""Run the server: `python -m server [--host H] [--port P] [--model M] [--placement P] ...`.
+
+Flags override WORLDRTC_* environment variables, which override the defaults. The URL to open is
+printed once the model is loaded and warm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import uvicorn
+from pydantic import ValidationError
+
+from server.app import create_app
+from server.settings import Settings
+from workers.runtime.placement import PlacementError
+
+
+def parse_args(argv: list[str] | None = None) -> dict[str, object]:
+    p = argparse.ArgumentParser(prog="python -m server", description="worldrtc: a real-time world-model server")
+    p.add_argument("--host", help="bind address (default 127.0.0.1; others need an API token)")
+    p.add_argument("--port", type=int, help="HTTP port (default 8000)")
+    p.add_argument("--model", help="model preset (default tiny)")
+    p.add_argument("--placement", help="placement preset or .json (default cpu)")
+    p.add_argument("--checkpoint-dir", help="checkpoint directory (default: the preset's built-in weights)")
+    p.add_argument("--max-sessions", type=int, help="concurrent sessions (default 2)")
+    p.add_argument("--fps", type=int, help="video frame rate (default 16)")
+    p.add_argument("--api-token", help="require this bearer token (mandatory off loopback)")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    args = vars(p.parse_args(argv))
+    log_level = args.pop("log_level")
+    overrides = {k: v for k, v in args.items() if v is not None}
+    overrides["_log_level"] = log_level
+    return overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    overrides = parse_args(argv)
+    log_level = str(overrides.pop("_log_level"))
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = Settings(**overrides)  # type: ignore[arg-type]
+        app = create_app(settings)
+    except (ValidationError, PlacementError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    state = app.state.worldrtc
+    url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else settings.host}:{settings.port}/"
+    print(f"worldrtc: loading {state.preset.name} on placement {state.placement.name} …", flush=True)
+
+    def announce() -> None:
+        note = state.preset.weights_note
+        print(f"worldrtc: ready in {state.ready_s:.1f} s ({state.preset.name}: {note})", flush=True)
+        print(f"worldrtc: open {url}", flush=True)
+
+    state.on_ready = announce
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level,
+        timeout_graceful_shutdown=int(settings.drain_timeout_s),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

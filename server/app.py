@@ -1,0 +1,348 @@
+"""The FastAPI application: REST session API, SDP offer/answer, static client, health and metrics.
+
+The engine (stage worker processes) starts in the background when the app starts, then runs one
+warm-up chunk; `/readyz` turns ready after that, and session routes answer 503 until then. Nothing
+here runs model code or touches a tensor: images are decoded and fitted off the loop, frames arrive
+as ready uint8 arrays, and the video track converts them off the loop too.
+"""
+
+import asyncio
+import base64
+import binascii
+import logging
+import queue
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from server.codecs import set_video_bitrate
+from server.errors import BadRequest, Busy, Loading, NotFound, ServerError, TooLarge, Unauthorized, http_status
+from server.ice import keep_loopback_candidates, use_loopback_candidates
+from server.metrics import LoopLagMonitor, Metrics
+from server.protocol import AnswerResponse, CreateSessionRequest, ErrorBody, OfferRequest, SessionInfo
+from server.scenes import scene_names, scene_path
+from server.session import ACTIVE, ServerSession, SessionState
+from server.settings import Settings
+from workers.images import ImageError, fit_image, read_image
+from workers.models.camera import ChunkControl
+from workers.models.presets import get_preset
+from workers.runtime.engine import PipelineEngine
+from workers.runtime.placement import get_placement
+
+log = logging.getLogger("worldrtc.server")
+WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+CLOSED_SESSION_KEEP_S = 60.0  # closed sessions stay visible to GET this long, then are forgotten
+DATA_URL_OVERHEAD = 4 / 3  # base64
+
+
+class AppState:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.preset = get_preset(settings.model)
+        placement = get_placement(settings.placement)
+        # Constructing the engine validates the placement against the model: a bad one fails now.
+        self.engine = PipelineEngine(
+            self.preset,
+            placement,
+            "pipelined",
+            max_sessions=settings.max_sessions,
+            checkpoint_dir=settings.checkpoint_dir,
+            weights_seed=settings.weights_seed,
+        )
+        self.placement = placement
+        self.metrics = Metrics()
+        self.lag = LoopLagMonitor(self.metrics)
+        self.sessions: dict[str, ServerSession] = {}
+        self.ready = False
+        self.load_error: str | None = None
+        self.ready_s: float | None = None
+        self.on_ready: Callable[[], None] | None = None
+
+    def active_sessions(self) -> int:
+        return sum(s.state in ACTIVE for s in self.sessions.values())
+
+
+def _warm_up(engine: PipelineEngine, preset: Any) -> None:
+    """One chunk through every stage, so the first viewer does not pay first-call costs."""
+    done: queue.Queue[str | None] = queue.Queue()
+    image = np.zeros((preset.height_px, preset.width_px, 3), np.uint8)
+    engine.open_session(
+        image, "", 0, lambda k: (ChunkControl(), False), lambda out: None, lambda sid, err: done.put(err), max_chunks=1
+    )
+    error = done.get(timeout=600)
+    if error is not None:
+        raise RuntimeError(f"warm-up failed: {error}")
+
+
+def create_app(settings: Settings) -> FastAPI:
+    state = AppState(settings)
+    set_video_bitrate(settings.video_bitrate_bps)
+    use_loopback_candidates(settings.is_loopback)
+
+    async def load() -> None:
+        t0 = time.monotonic()
+        try:
+            await asyncio.to_thread(state.engine.start)
+            await asyncio.to_thread(_warm_up, state.engine, state.preset)
+        except Exception as exc:
+            state.load_error = f"{type(exc).__name__}: {exc}"
+            log.error("engine failed to start: %s", state.load_error)
+            return
+        state.ready = True
+        state.ready_s = time.monotonic() - t0
+        if state.on_ready is not None:
+            state.on_ready()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.lag.start()
+        loader = asyncio.create_task(load(), name="engine-load")
+        try:
+            yield
+        finally:
+            await asyncio.gather(*(s.close("server shutting down") for s in list(state.sessions.values())))
+            loader.cancel()
+            await asyncio.gather(loader, return_exceptions=True)
+            await asyncio.to_thread(state.engine.shutdown)
+            await state.lag.stop()
+
+    app = FastAPI(title="worldrtc", version="0.1.0", lifespan=lifespan)
+    app.state.worldrtc = state
+    app.add_middleware(BodyLimit, settings=settings)
+
+    # ---- errors: one JSON shape everywhere ----
+
+    @app.exception_handler(ServerError)
+    async def on_server_error(request: Request, exc: ServerError) -> JSONResponse:
+        headers = {"Retry-After": str(int(exc.retry_after_s))} if exc.retry_after_s else None
+        body = ErrorBody(error=exc.code, message=exc.message).model_dump()
+        return JSONResponse(body, status_code=http_status(exc), headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+        body = ErrorBody(error="bad_request", message=f"{where}: {first.get('msg')}").model_dump()
+        return JSONResponse(body, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return JSONResponse(ErrorBody(error=code, message=str(exc.detail)).model_dump(), status_code=exc.status_code)
+
+    # ---- auth ----
+
+    def require_token(request: Request) -> None:
+        if settings.api_token is None:
+            return
+        if request.headers.get("authorization") != f"Bearer {settings.api_token}":
+            raise Unauthorized("missing or wrong API token: send 'Authorization: Bearer <token>'")
+
+    def session_for(session_id: str, request: Request) -> ServerSession:
+        session = state.sessions.get(session_id)
+        if session is None:
+            raise NotFound(f"no session {session_id!r}")
+        if settings.api_token is not None:
+            given = request.headers.get("authorization", "")
+            if given not in (f"Bearer {settings.api_token}", f"Bearer {session.token}"):
+                raise Unauthorized("send 'Authorization: Bearer <session token or API token>'")
+        return session
+
+    def require_ready() -> None:
+        if state.load_error is not None:
+            raise ServerError(f"the engine failed to start: {state.load_error}")
+        if not state.ready:
+            raise Loading("the model is loading; retry shortly", retry_after_s=2)
+
+    # ---- health, model, metrics ----
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", responses={503: {"model": ErrorBody}})
+    async def readyz() -> dict[str, Any]:
+        require_ready()
+        return {"ready": True, "load_s": state.ready_s}
+
+    @app.get("/v1/model", dependencies=[Depends(require_token)])
+    async def model() -> dict[str, Any]:
+        p = state.preset
+        return {
+            "model": p.name,
+            "weights": p.weights_note,
+            "width": p.width_px,
+            "height": p.height_px,
+            "fps": settings.fps,
+            "chunk_frames": 4 * p.chunk_latent_frames,
+            "placement": state.placement.name,
+            "scenes": [{"name": n, "url": f"/v1/scenes/{n}"} for n in scene_names()],
+            "ready": state.ready,
+        }
+
+    @app.get("/v1/scenes/{name}", dependencies=[Depends(require_token)])
+    async def scene(name: str) -> FileResponse:
+        path = scene_path(name)
+        if path is None:
+            raise NotFound(f"no scene {name!r}; see GET /v1/model for the list")
+        return FileResponse(path, media_type="image/png")
+
+    @app.get("/v1/ice-servers", dependencies=[Depends(require_token)])
+    async def ice_servers() -> dict[str, Any]:
+        return {"ice_servers": settings.ice_servers}
+
+    @app.get("/metrics")
+    async def metrics(_: None = Depends(require_token)) -> Response:
+        m = state.metrics
+        for s in SessionState:
+            m.sessions.labels(s.value).set(sum(x.state is s for x in state.sessions.values()))
+        m.worker_restarts.set(state.engine.counters["worker_restarts"])
+        return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+
+    # ---- sessions ----
+
+    @app.post("/v1/sessions", status_code=201, response_model=SessionInfo, dependencies=[Depends(require_token)])
+    async def create_session(body: CreateSessionRequest) -> dict[str, Any]:
+        require_ready()
+        if state.active_sessions() >= settings.max_sessions:
+            raise Busy(f"all {settings.max_sessions} session slots are in use; retry later", retry_after_s=5)
+        image = await asyncio.to_thread(_start_image, body, state)
+        session = ServerSession(
+            state.engine, state.preset, settings, state.metrics, image, body.prompt, body.seed, body.max_duration_s
+        )
+        state.sessions[session.id] = session
+        session_closed_cleanup(session)
+        return session.info() | {"token": session.token}
+
+    def session_closed_cleanup(session: ServerSession) -> None:
+        async def forget() -> None:
+            await session._closed.wait()
+            await asyncio.sleep(CLOSED_SESSION_KEEP_S)
+            state.sessions.pop(session.id, None)
+
+        task = asyncio.get_running_loop().create_task(forget(), name=f"forget-{session.id}")
+        session._tasks.add(task)  # owned by the session, cancelled only if the server shuts down first
+
+    @app.get("/v1/sessions", dependencies=[Depends(require_token)])
+    async def list_sessions() -> dict[str, Any]:
+        return {"sessions": [s.info() for s in state.sessions.values()]}
+
+    @app.get("/v1/sessions/{session_id}", response_model=SessionInfo)
+    async def get_session(session: Annotated[ServerSession, Depends(session_for)]) -> dict[str, Any]:
+        return session.info()
+
+    @app.delete("/v1/sessions/{session_id}", response_model=SessionInfo)
+    async def delete_session(session: Annotated[ServerSession, Depends(session_for)]) -> dict[str, Any]:
+        await session.close("deleted")
+        return session.info()
+
+    @app.post("/v1/sessions/{session_id}/offer", response_model=AnswerResponse)
+    async def offer(body: OfferRequest, session: Annotated[ServerSession, Depends(session_for)]) -> dict[str, str]:
+        sdp = keep_loopback_candidates(body.sdp) if settings.is_loopback else body.sdp
+        return {"sdp": await session.accept_offer(sdp), "type": "answer"}
+
+    # ---- the browser client ----
+
+    if WEB_DIR.is_dir():
+        app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
+
+        @app.get("/", include_in_schema=False)
+        async def index() -> FileResponse:
+            return FileResponse(WEB_DIR / "index.html")
+
+    return app
+
+
+def _start_image(body: CreateSessionRequest, state: AppState) -> np.ndarray:
+    """Scene name or data URL -> HxWx3 uint8 at the model's resolution (runs in a worker thread)."""
+    p = state.preset
+    if (body.scene is None) == (body.image is None):
+        raise BadRequest("give exactly one of 'scene' (a built-in scene name) or 'image' (a data URL)")
+    if body.scene is not None:
+        path = scene_path(body.scene)
+        if path is None:
+            raise BadRequest(f"unknown scene {body.scene!r}; choose one of {scene_names()}")
+        source: Path | bytes = path
+    else:
+        assert body.image is not None
+        header, _, payload = body.image.partition(",")
+        if not header.startswith("data:image/") or ";base64" not in header:
+            raise BadRequest("'image' must be a data URL: data:image/png;base64,... or data:image/jpeg;base64,...")
+        if len(payload) > state.settings.image_max_bytes * DATA_URL_OVERHEAD + 4:
+            raise TooLarge(f"images are limited to {state.settings.image_max_bytes // (1024 * 1024)} MiB")
+        try:
+            source = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise BadRequest("'image' is not valid base64") from None
+    try:
+        return fit_image(read_image(source), p.height_px, p.width_px)
+    except ImageError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+class BodyLimit:
+    """Pure ASGI middleware: refuse request bodies over the route's limit before reading them whole."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+
+    def _limit(self, path: str) -> int:
+        s = self.settings
+        if path.endswith("/offer"):
+            return s.sdp_max_bytes + 1024
+        if path.rstrip("/") == "/v1/sessions":
+            return int(s.image_max_bytes * DATA_URL_OVERHEAD) + s.rest_body_max_bytes
+        return s.rest_body_max_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "DELETE", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        limit = self._limit(scope["path"])
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            await self._refuse(send, limit)
+            return
+        seen = 0
+
+        async def limited_receive() -> dict[str, Any]:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise _TooLargeBody()
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _TooLargeBody:
+            await self._refuse(send, limit)
+
+    @staticmethod
+    async def _refuse(send: Callable[..., Any], limit: int) -> None:
+        body = ErrorBody(error="too_large", message=f"request body over the {limit}-byte limit for this route")
+        payload = body.model_dump_json().encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": payload})
+
+
+class _TooLargeBody(Exception):
+    pass

@@ -1,0 +1,59 @@
+"""Domain errors, and the one table that maps them to HTTP statuses and data-channel error codes."""
+
+from __future__ import annotations
+
+
+class ServerError(Exception):
+    code = "internal"
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+
+class BadRequest(ServerError):
+    code = "bad_request"
+
+
+class Unauthorized(ServerError):
+    code = "unauthorized"
+
+
+class NotFound(ServerError):
+    code = "not_found"
+
+
+class Conflict(ServerError):
+    code = "conflict"
+
+
+class TooLarge(ServerError):
+    code = "too_large"
+
+
+class Busy(ServerError):
+    code = "busy"
+
+
+class Loading(ServerError):
+    code = "loading"
+
+
+HTTP_STATUS: dict[type[ServerError], int] = {
+    BadRequest: 400,
+    Unauthorized: 401,
+    NotFound: 404,
+    Conflict: 409,
+    TooLarge: 413,
+    Busy: 429,
+    Loading: 503,
+    ServerError: 500,
+}
+
+
+def http_status(exc: ServerError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in HTTP_STATUS:
+            return HTTP_STATUS[cls]  # type: ignore[index]
+    return 500

@@ -1,0 +1,396 @@
+"""One viewer's session: an enum state machine owning a peer connection, its data channel, the
+pacer and video track, and the engine session that generates its frames.
+
+    created ──offer──▶ connecting ──data channel open──▶ streaming ──▶ closing ──▶ closed
+        │                  │                                                 ▲
+        └── no offer in offer_timeout_s / ICE not connected in ice_timeout_s ┴──▶ failed
+
+Every wait has a timeout, every task is owned here and cancelled on close, and `close()` is
+idempotent, tearing down in reverse order of setup (engine session, track, peer connection).
+Engine callbacks arrive on the scheduler thread and are handed to the event loop; the loop only
+enqueues frames (no copies, no conversion) and sends small JSON messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import threading
+import time
+from collections import deque
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+
+from server.codecs import prefer_codecs
+from server.errors import BadRequest, Conflict
+from server.metrics import Metrics
+from server.pacer import Pacer
+from server.protocol import (
+    PingMsg,
+    PromptMsg,
+    ProtocolError,
+    StopMsg,
+    as_control_dict,
+    parse_client_message,
+)
+from server.settings import Settings
+from server.video_track import PacedVideoTrack
+from workers.controls import ControlError, ControlState
+from workers.models.camera import ChunkControl
+from workers.models.presets import ModelPreset
+from workers.runtime.engine import ChunkOutput, PipelineEngine
+
+log = logging.getLogger("worldrtc.session")
+
+PENDING_CONTROLS = 512  # control arrival times kept for control-to-frame latency (oldest dropped)
+
+
+class SessionState(StrEnum):
+    CREATED = "created"
+    CONNECTING = "connecting"
+    STREAMING = "streaming"
+    CLOSING = "closing"
+    CLOSED = "closed"
+    FAILED = "failed"
+
+
+ACTIVE = (SessionState.CREATED, SessionState.CONNECTING, SessionState.STREAMING)
+
+
+class ServerSession:
+    def __init__(
+        self,
+        engine: PipelineEngine,
+        preset: ModelPreset,
+        settings: Settings,
+        metrics: Metrics,
+        image: np.ndarray,
+        prompt: str,
+        seed: int,
+        max_duration_s: float | None,
+    ) -> None:
+        self.id = secrets.token_hex(8)
+        self.token = secrets.token_urlsafe(24)
+        self.engine, self.preset, self.settings, self.metrics = engine, preset, settings, metrics
+        self.image, self.prompt, self.seed = image, prompt, seed
+        self.max_duration_s = max_duration_s or settings.max_session_s
+        self.state = SessionState.CREATED
+        self.created_t = time.monotonic()
+        self.error: str | None = None
+        self.loop = asyncio.get_running_loop()
+        self.pc: RTCPeerConnection | None = None
+        self.channel: Any = None
+        self.pacer = Pacer(settings.fps, max_frames=4 * preset.chunk_latent_frames + 4)
+        self.track: PacedVideoTrack | None = None
+        self.engine_session: str | None = None
+        self._controls = ControlState()
+        self._controls_lock = threading.Lock()  # the engine samples controls on its scheduler thread
+        self._control_times: deque[tuple[int, float]] = deque(maxlen=PENDING_CONTROLS)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._last_message_t = time.monotonic()
+        self._tokens = settings.control_rate_per_s  # token bucket for client messages
+        self._tokens_t = time.monotonic()
+        self._last_chunk_t: float | None = None
+        self._periods: deque[float] = deque(maxlen=64)
+        self.chunks = 0
+        self._frames_pushed = 0
+        self._dispatched_frames = 0  # frames of chunks the DiT has started (written on the scheduler thread)
+        self.first_frame_s: float | None = None
+        self._closed = asyncio.Event()
+        self._spawn(self._expire_if_no_offer(), "offer-timeout")
+
+    # ---- public ----
+
+    def info(self) -> dict[str, Any]:
+        p = self.preset
+        periods = sorted(self._periods)
+        return {
+            "session_id": self.id,
+            "state": self.state.value,
+            "created_s": time.monotonic() - self.created_t,
+            "model": p.name,
+            "width": p.width_px,
+            "height": p.height_px,
+            "fps": self.settings.fps,
+            "chunk_frames": 4 * p.chunk_latent_frames,
+            "error": self.error,
+            "metrics": {
+                "chunks": self.chunks,
+                "first_frame_s": self.first_frame_s,
+                "chunk_period_p50_s": periods[len(periods) // 2] if periods else None,
+                "frames_sent": self.pacer.sent,
+                "frames_dropped": self.pacer.dropped,
+                "frames_repeated": self.pacer.repeated,
+            },
+        }
+
+    async def accept_offer(self, sdp: str) -> str:
+        if self.state is not SessionState.CREATED:
+            raise Conflict(f"session {self.id} is {self.state.value}; an offer is accepted once, right after create")
+        config = RTCConfiguration(iceServers=[RTCIceServer(**s) for s in self.settings.ice_servers])  # type: ignore[arg-type]
+        self.pc = pc = RTCPeerConnection(configuration=config)
+        self.state = SessionState.CONNECTING
+        pc.on("datachannel", self._on_datachannel)
+        pc.on("connectionstatechange", self._on_connection_state)
+        try:
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        except Exception as exc:  # aiortc raises ValueError and friends for malformed SDP
+            await self.close(f"bad offer: {exc}", failed=True)
+            raise BadRequest(f"could not parse the SDP offer: {exc}") from None
+        video = [t for t in pc.getTransceivers() if t.kind == "video"]
+        if not video:
+            await self.close("offer without video", failed=True)
+            raise BadRequest("the offer must include a video transceiver (recvonly)")
+        self.track = PacedVideoTrack(self.pacer)
+        video[0].sender.replaceTrack(self.track)
+        video[0].direction = "sendonly"
+        prefer_codecs(video[0])
+        # aiortc gathers all candidates inside setLocalDescription: the answer is complete (no trickle).
+        await pc.setLocalDescription(await pc.createAnswer())
+        self._spawn(self._fail_if_not_connected(), "ice-timeout")
+        return pc.localDescription.sdp
+
+    async def close(self, reason: str = "closed", failed: bool = False) -> None:
+        """Idempotent; tears down in reverse order of setup."""
+        if self.state in (SessionState.CLOSING, SessionState.CLOSED, SessionState.FAILED):
+            await self._closed.wait()
+            return
+        self.state = SessionState.CLOSING
+        if failed:
+            self.error = reason
+        self._send({"type": "error", "code": "session_failed", "message": reason} if failed else None)
+        self._send({"type": "done", "reason": reason})
+        if self.engine_session is not None:
+            self.engine.close_session(self.engine_session)
+        if self.track is not None:
+            self.track.stop()
+        current = asyncio.current_task()
+        for task in list(self._tasks):
+            if task is not current:
+                task.cancel()
+        await asyncio.gather(*(t for t in self._tasks if t is not current), return_exceptions=True)
+        if self.pc is not None:
+            await self.pc.close()
+        self.state = SessionState.FAILED if failed else SessionState.CLOSED
+        log.info("session %s %s: %s", self.id, self.state.value, reason)
+        self._closed.set()
+
+    # ---- peer connection and data channel ----
+
+    def _on_connection_state(self) -> None:
+        assert self.pc is not None
+        state = self.pc.connectionState
+        if state == "failed":
+            self._spawn(self.close("connection failed", failed=True), "close")
+        elif state == "closed":
+            self._spawn(self.close("connection closed"), "close")
+        elif state == "disconnected":
+            self._spawn(self._close_unless_reconnected(), "disconnect-grace")
+
+    async def _close_unless_reconnected(self) -> None:
+        await asyncio.sleep(self.settings.disconnected_grace_s)
+        if self.pc is not None and self.pc.connectionState == "disconnected":
+            await self.close("connection lost", failed=True)
+
+    def _on_datachannel(self, channel: Any) -> None:
+        if channel.label != "control" or self.channel is not None:
+            channel.close()
+            return
+        self.channel = channel
+        channel.on("message", self._on_message)
+        channel.on("close", lambda: self._spawn(self.close("data channel closed"), "close"))
+        if channel.readyState == "open":
+            self._on_channel_open()
+        else:
+            channel.on("open", self._on_channel_open)
+
+    def _on_channel_open(self) -> None:
+        if self.state is not SessionState.CONNECTING:
+            return
+        p = self.preset
+        self._send(
+            {
+                "type": "ready",
+                "session_id": self.id,
+                "model": p.name,
+                "weights": p.weights_note,
+                "width": p.width_px,
+                "height": p.height_px,
+                "fps": self.settings.fps,
+                "chunk_frames": 4 * p.chunk_latent_frames,
+            }
+        )
+        self._open_t = time.monotonic()
+        self.engine_session = self.engine.open_session(
+            self.image,
+            self.prompt,
+            self.seed,
+            self._sample_control,
+            lambda out: self.loop.call_soon_threadsafe(self._on_chunk, out),
+            lambda sid, err: self.loop.call_soon_threadsafe(self._on_engine_end, err),
+        )
+        self._spawn(self._watch_heartbeat(), "heartbeat")
+        self._spawn(self._send_stats(), "stats")
+        if self.max_duration_s:
+            self._spawn(self._expire(self.max_duration_s), "max-duration")
+
+    def _on_message(self, data: str | bytes) -> None:
+        self._last_message_t = now = time.monotonic()
+        self._tokens = min(
+            self.settings.control_rate_per_s, self._tokens + (now - self._tokens_t) * self.settings.control_rate_per_s
+        )
+        self._tokens_t = now
+        if self._tokens < 1:
+            self._send_error("rate_limited", f"more than {self.settings.control_rate_per_s:g} messages/s; slow down")
+            return
+        self._tokens -= 1
+        try:
+            msg = parse_client_message(data)
+        except ProtocolError as exc:
+            self._send_error(exc.code, str(exc))
+            return
+        if isinstance(msg, PingMsg):
+            self._send({"type": "pong", "seq": msg.seq, "t": msg.t, "server_t": time.time() * 1000})
+        elif isinstance(msg, StopMsg):
+            self._spawn(self.close("stopped by client"), "close")
+        elif isinstance(msg, PromptMsg):
+            self.prompt = msg.text  # the conditioning of a running session is fixed; used by the next one
+        else:
+            try:
+                with self._controls_lock:
+                    self._controls.apply(as_control_dict(msg))
+            except ControlError as exc:
+                self._send_error("bad_control", str(exc))
+                return
+            if msg.seq is not None:
+                self._control_times.append((msg.seq, time.perf_counter()))
+
+    def _sample_control(self, chunk_index: int) -> tuple[ChunkControl, bool] | None:
+        """Called by the engine when the DiT is ready to start a chunk (scheduler thread).
+
+        Flow control: a chunk starts only while less than one chunk of video is buffered or in
+        flight for this viewer. Generating further ahead would only add glass-to-glass latency
+        (controls are sampled here) and overflow the pacer.
+        """
+        frames = 4 * self.preset.chunk_latent_frames
+        ahead = (self._dispatched_frames - self._frames_pushed) + self.pacer.depth
+        if chunk_index > 0 and ahead >= frames:
+            return None
+        self._dispatched_frames += frames if chunk_index else frames - 3
+        with self._controls_lock:
+            return self._controls.sample()
+
+    # ---- engine events (on the loop) ----
+
+    def _on_chunk(self, out: ChunkOutput) -> None:
+        if self.state not in (SessionState.CONNECTING, SessionState.STREAMING):
+            return
+        rec = out.record
+        first_frame = self._frames_pushed
+        self.pacer.push(out.frames, out.index, first_frame)
+        self._frames_pushed += int(out.frames.shape[0])
+        now = time.perf_counter()
+        if self.state is SessionState.CONNECTING:
+            self.state = SessionState.STREAMING
+            self.first_frame_s = time.monotonic() - self._open_t
+        if self._last_chunk_t is not None:
+            self._periods.append(now - self._last_chunk_t)
+            self.metrics.chunk_period.observe(now - self._last_chunk_t)
+        self._last_chunk_t = now
+        self.chunks += 1
+        for stage, tm in rec.stages.items():
+            self.metrics.chunk_compute.labels(stage.value).observe(tm.busy_s)
+        applied = rec.control.seq if rec.control is not None else None
+        ctf = None
+        while applied is not None and self._control_times and self._control_times[0][0] <= applied:
+            _, arrived = self._control_times.popleft()
+            if rec.frames_ready_t is not None:
+                ctf = rec.frames_ready_t - arrived
+                self.metrics.control_to_frame.observe(max(0.0, ctf))
+        step = 90_000 // self.settings.fps
+        self._send(
+            {
+                "type": "chunk",
+                "index": out.index,
+                "first_frame": first_frame,
+                "num_frames": int(out.frames.shape[0]),
+                "pts_start": first_frame * step,
+                "pts_end": (first_frame + int(out.frames.shape[0]) - 1) * step,
+                "applied_seq": applied,
+                "applied_keys": sorted(rec.control.keys) if rec.control is not None else [],
+                "timings": {f"{s.value}_s": tm.busy_s for s, tm in rec.stages.items()}
+                | {"queue_s": sum((tm.queue_wait_s or 0.0) for tm in rec.stages.values())},
+                "control_to_frame_s": ctf,
+            }
+        )
+
+    def _on_engine_end(self, error: str | None) -> None:
+        if error is not None and self.state in ACTIVE:
+            self._spawn(self.close(f"generation failed: {error}", failed=True), "close")
+
+    # ---- timers ----
+
+    async def _expire_if_no_offer(self) -> None:
+        await asyncio.sleep(self.settings.offer_timeout_s)
+        if self.state is SessionState.CREATED:
+            await self.close(f"no offer within {self.settings.offer_timeout_s:g} s", failed=True)
+
+    async def _fail_if_not_connected(self) -> None:
+        await asyncio.sleep(self.settings.ice_timeout_s)
+        if self.state is SessionState.CONNECTING and (self.pc is None or self.pc.connectionState != "connected"):
+            await self.close(f"ICE did not connect within {self.settings.ice_timeout_s:g} s", failed=True)
+
+    async def _watch_heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_interval_s)
+            if time.monotonic() - self._last_message_t > self.settings.heartbeat_dead_s:
+                await self.close(f"no message from the client for {self.settings.heartbeat_dead_s:g} s", failed=True)
+                return
+
+    async def _send_stats(self) -> None:
+        sent = dropped = repeated = 0
+        while True:
+            await asyncio.sleep(self.settings.stats_interval_s)
+            p = self.pacer
+            self.metrics.frames_sent.inc(p.sent - sent)
+            self.metrics.frames_dropped.inc(p.dropped - dropped)
+            self.metrics.frames_repeated.inc(p.repeated - repeated)
+            sent, dropped, repeated = p.sent, p.dropped, p.repeated
+            info = self.info()["metrics"]
+            self._send(
+                {
+                    "type": "stats",
+                    "frames_sent": p.sent,
+                    "frames_dropped": p.dropped,
+                    "frames_repeated": p.repeated,
+                    "chunk_period_p50_s": info["chunk_period_p50_s"],
+                    "fps": self.settings.fps,
+                }
+            )
+
+    async def _expire(self, after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        await self.close(f"session reached its maximum duration of {after_s:g} s")
+
+    # ---- helpers ----
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = self.loop.create_task(coro, name=f"session-{self.id}-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _send(self, message: dict[str, Any] | None) -> None:
+        if message is None or self.channel is None or self.channel.readyState != "open":
+            return
+        with contextlib.suppress(Exception):  # a channel closing under us is not an error worth raising
+            self.channel.send(json.dumps(message))
+
+    def _send_error(self, code: str, message: str) -> None:
+        self.metrics.errors.labels(code).inc()
+        self._send({"type": "error", "code": code, "message": message})

@@ -1,0 +1,69 @@
+"""Server settings: command-line flags and WORLDRTC_* environment variables, validated once."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="WORLDRTC_", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    model: str = "tiny"
+    placement: str = "cpu"
+    checkpoint_dir: str | None = None
+    weights_seed: int = 0
+    max_sessions: int = Field(default=2, ge=1)
+    fps: int = Field(default=16, ge=1, le=60)
+    api_token: str | None = None
+    cors_origins: list[str] = Field(default_factory=list)
+    # WebRTC: nothing reaches outside by default. Each entry is an RTCIceServer-like dict.
+    ice_servers: list[dict[str, object]] = Field(default_factory=list)
+    udp_port_min: int | None = Field(default=None, ge=1, le=65535)
+    udp_port_max: int | None = Field(default=None, ge=1, le=65535)
+    video_bitrate_bps: int = Field(default=1_500_000, ge=100_000, le=50_000_000)
+    # Limits (DESIGN §7).
+    offer_timeout_s: float = 30.0
+    ice_timeout_s: float = 15.0
+    heartbeat_interval_s: float = 1.0
+    heartbeat_dead_s: float = 5.0
+    disconnected_grace_s: float = 3.0
+    rest_body_max_bytes: int = 64 * 1024
+    image_max_bytes: int = 10 * 1024 * 1024
+    sdp_max_bytes: int = 32 * 1024
+    control_rate_per_s: float = 120.0
+    max_session_s: float | None = None
+    drain_timeout_s: float = 30.0
+    stats_interval_s: float = 1.0
+
+    @field_validator("udp_port_max")
+    @classmethod
+    def _range(cls, v: int | None, info) -> int | None:
+        lo = info.data.get("udp_port_min")
+        if (v is None) != (lo is None):
+            raise ValueError("set both udp_port_min and udp_port_max, or neither")
+        if v is not None and lo is not None and v < lo:
+            raise ValueError("udp_port_max must be >= udp_port_min")
+        return v
+
+    @model_validator(mode="after")
+    def _token_off_loopback(self) -> Settings:
+        if not self.is_loopback and not self.api_token:
+            raise ValueError(
+                f"binding {self.host} exposes the server beyond this machine: set WORLDRTC_API_TOKEN "
+                "(or --api-token), or bind 127.0.0.1"
+            )
+        return self
+
+    @property
+    def is_loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False

@@ -1,0 +1,149 @@
+"""REST contract: every route, and the error bodies (httpx through Starlette's TestClient)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from server.app import create_app
+from server.settings import Settings
+
+READY_TIMEOUT_S = 120
+
+
+def wait_ready(client: TestClient) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        r = client.get("/readyz")
+        if r.status_code == 200:
+            return
+        assert r.status_code == 503 and r.json()["error"] == "loading", r.text
+        assert r.headers.get("retry-after")
+        time.sleep(0.2)
+    raise AssertionError("server not ready")
+
+
+@pytest.fixture(scope="module")
+def client():
+    app = create_app(Settings(model="tiny", placement="cpu", max_sessions=2, offer_timeout_s=30))
+    with TestClient(app) as c:
+        wait_ready(c)
+        yield c
+
+
+def png_data_url(size=(64, 48)) -> str:
+    buf = io.BytesIO()
+    Image.new("RGB", size, (10, 200, 30)).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def assert_error(r, status: int, code: str, fragment: str = "") -> None:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"error", "message"}, body
+    assert body["error"] == code, body
+    assert fragment in body["message"], body
+
+
+def test_health_ready_model_scenes_ice_metrics_openapi(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json()["ready"] is True
+    m = client.get("/v1/model").json()
+    assert (m["model"], m["width"], m["height"], m["fps"], m["chunk_frames"]) == ("tiny", 128, 128, 16, 16)
+    assert "random weights" in m["weights"]
+    names = [s["name"] for s in m["scenes"]]
+    assert "countryside" in names
+    png = client.get(m["scenes"][0]["url"])
+    assert png.status_code == 200 and png.headers["content-type"] == "image/png" and png.content[:4] == b"\x89PNG"
+    assert_error(client.get("/v1/scenes/nope"), 404, "not_found", "nope")
+    assert client.get("/v1/ice-servers").json() == {"ice_servers": []}
+    metrics = client.get("/metrics")
+    assert metrics.status_code == 200 and "worldrtc_event_loop_lag_seconds" in metrics.text
+    paths = client.get("/openapi.json").json()["paths"]
+    for route in ("/v1/sessions", "/v1/sessions/{session_id}", "/v1/sessions/{session_id}/offer", "/v1/model"):
+        assert route in paths
+    assert client.get("/").status_code == 200
+
+
+def test_session_lifecycle(client: TestClient) -> None:
+    r = client.post("/v1/sessions", json={"scene": "countryside", "prompt": "a walk", "seed": 3})
+    assert r.status_code == 201, r.text
+    info = r.json()
+    sid = info["session_id"]
+    assert info["state"] == "created" and info["token"] and info["model"] == "tiny"
+    assert sid in [s["session_id"] for s in client.get("/v1/sessions").json()["sessions"]]
+    got = client.get(f"/v1/sessions/{sid}").json()
+    assert got["state"] == "created" and got["token"] is None  # the token is shown once
+    r = client.post("/v1/sessions", json={"image": png_data_url()})
+    assert r.status_code == 201
+    deleted = client.delete(f"/v1/sessions/{sid}").json()
+    assert deleted["state"] == "closed"
+    assert client.delete(f"/v1/sessions/{r.json()['session_id']}").json()["state"] == "closed"
+    # An offer after close is refused.
+    assert_error(client.post(f"/v1/sessions/{sid}/offer", json={"sdp": "v=0", "type": "offer"}), 409, "conflict")
+
+
+def test_bad_create_requests(client: TestClient) -> None:
+    assert_error(
+        client.post("/v1/sessions", content=b"{not json", headers={"content-type": "application/json"}),
+        422,
+        "bad_request",
+    )
+    assert_error(client.post("/v1/sessions", json={"scene": "atlantis"}), 400, "bad_request", "unknown scene")
+    assert_error(client.post("/v1/sessions", json={}), 400, "bad_request", "exactly one")
+    both = {"scene": "countryside", "image": png_data_url()}
+    assert_error(client.post("/v1/sessions", json=both), 400, "bad_request", "exactly one")
+    assert_error(client.post("/v1/sessions", json={"image": "http://x/y.png"}), 400, "bad_request", "data URL")
+    assert_error(client.post("/v1/sessions", json={"image": "data:image/png;base64,@@@"}), 400, "bad_request", "base64")
+    garbage = "data:image/png;base64," + base64.b64encode(b"not an image at all").decode()
+    assert_error(client.post("/v1/sessions", json={"image": garbage}), 400, "bad_request", "unreadable image")
+    assert_error(client.post("/v1/sessions", json={"scene": "countryside", "seed": -1}), 422, "bad_request", "seed")
+    assert_error(client.post("/v1/sessions", json={"scene": "countryside", "extra": 1}), 422, "bad_request", "extra")
+    huge = "data:image/png;base64," + "A" * (15 * 1024 * 1024)
+    assert_error(client.post("/v1/sessions", json={"image": huge}), 413, "too_large")
+    assert client.get("/v1/sessions").status_code == 200  # the server keeps working
+
+
+def test_bad_offers(client: TestClient) -> None:
+    assert_error(client.post("/v1/sessions/nope/offer", json={"sdp": "v=0", "type": "offer"}), 404, "not_found")
+    sid = client.post("/v1/sessions", json={"scene": "countryside"}).json()["session_id"]
+    assert_error(
+        client.post(f"/v1/sessions/{sid}/offer", json={"sdp": "x" * 40_000, "type": "offer"}), 413, "too_large"
+    )
+    assert_error(client.post(f"/v1/sessions/{sid}/offer", json={"sdp": "v=0", "type": "answer"}), 422, "bad_request")
+    r = client.post(f"/v1/sessions/{sid}/offer", json={"sdp": "this is not sdp", "type": "offer"})
+    assert_error(r, 400, "bad_request", "offer")
+    assert client.get(f"/v1/sessions/{sid}").json()["state"] == "failed"
+
+
+def test_full_server_answers_429(client: TestClient) -> None:
+    ids = []
+    for _ in range(2):
+        r = client.post("/v1/sessions", json={"scene": "countryside"})
+        assert r.status_code == 201
+        ids.append(r.json()["session_id"])
+    r = client.post("/v1/sessions", json={"scene": "countryside"})
+    assert_error(r, 429, "busy", "retry")
+    assert int(r.headers["retry-after"]) > 0
+    for sid in ids:
+        client.delete(f"/v1/sessions/{sid}")
+    assert client.post("/v1/sessions", json={"scene": "countryside"}).status_code == 201
+
+
+def test_token_required_when_configured() -> None:
+    app = create_app(Settings(model="tiny", placement="cpu", api_token="s3cret"))
+    with TestClient(app) as c:
+        assert c.get("/healthz").status_code == 200
+        assert_error(c.get("/v1/model"), 401, "unauthorized")
+        assert c.get("/v1/model", headers={"authorization": "Bearer s3cret"}).status_code == 200
+
+
+def test_settings_refuse_open_bind_without_token() -> None:
+    with pytest.raises(ValueError, match="WORLDRTC_API_TOKEN"):
+        Settings(host="0.0.0.0")
+    assert Settings(host="0.0.0.0", api_token="t").is_loopback is False

@@ -1,0 +1,204 @@
+"""End to end in a real browser: Debian's Chromium (driven by Playwright) against the real server.
+
+Starts `python -m server --model tiny --placement cpu` on a free loopback port, opens the page,
+starts a session from the first built-in scene, waits for 2 s of displayed video, holds W then J
+and checks that chunks come back with those keys applied and that the HUD shows live numbers, then
+stops the session and shuts the server down with SIGINT.
+
+Skipped (with the reason) where /usr/bin/chromium, the playwright module or the server is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM = Path("/usr/bin/chromium")
+READY_TIMEOUT_S = 90.0
+FIRST_VIDEO_TIMEOUT_MS = 45_000
+CHUNK_TIMEOUT_MS = 20_000
+MIN_FRAMES = 32  # 2 s at 16 FPS
+SERVER_EXIT_TIMEOUT_S = 30.0
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    # Plain-IP host candidates (not .local mDNS names), so aiortc can reach Chromium on loopback.
+    "--disable-features=WebRtcHideLocalIpsWithMdns",
+    "--autoplay-policy=no-user-gesture-required",
+]
+
+if not CHROMIUM.exists():
+    pytest.skip(f"{CHROMIUM} is missing (install Debian's `chromium` package)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="the `playwright` Python package is not installed")
+if not ((REPO / "server" / "__main__.py").exists() and (REPO / "server" / "app.py").exists()):
+    pytest.skip("the server (server/app.py, server/__main__.py) is not there yet", allow_module_level=True)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _tail(path: Path, chars: int = 4000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return "<no server log>"
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], base: str, log: Path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited with {proc.returncode} before it was ready:\n{_tail(log)}")
+        try:
+            with urllib.request.urlopen(f"{base}/readyz", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"server not ready within {READY_TIMEOUT_S:.0f} s:\n{_tail(log)}")
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
+    port = _free_port()
+    log = tmp_path / "server.log"
+    cmd = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--model", "tiny", "--placement", "cpu"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with log.open("wb") as out:
+        # Own process group: a last-resort cleanup can reach the stage workers too.
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(proc, base, log)
+        yield base, proc, log
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=SERVER_EXIT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+
+def _hook(page: sync_api.Page) -> dict:
+    return page.evaluate("() => JSON.parse(JSON.stringify(window.worldrtc))")
+
+
+def _wait_for_keys(page: sync_api.Page, keys: list[str]) -> dict:
+    """Wait for a chunk whose applied_keys include `keys`; fail early if the session errors."""
+    cond = (
+        "(keys) => { const w = window.worldrtc; if (w.state === 'error') return true;"
+        " const c = w.stats.lastChunk; return !!c && keys.every((k) => (c.applied_keys || []).includes(k)); }"
+    )
+    page.wait_for_function(cond, arg=keys, timeout=CHUNK_TIMEOUT_MS)
+    hook = _hook(page)
+    assert hook["state"] == "streaming", f"session failed while waiting for keys {keys}: {hook['error']}"
+    return hook["stats"]["lastChunk"]
+
+
+def _number(text: str) -> float:
+    match = re.search(r"-?\d+(?:\.\d+)?", text)
+    assert match, f"expected a number in {text!r}"
+    return float(match.group())
+
+
+def test_browser_session_end_to_end(server: tuple[str, subprocess.Popen[bytes], Path], tmp_path: Path) -> None:
+    base, proc, log = server
+    t0 = time.monotonic()
+    page_errors: list[str] = []
+    with sync_api.sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),  # a fresh --user-data-dir
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 800},
+        )
+        try:
+            page = context.new_page()
+            page.on("pageerror", lambda exc: page_errors.append(str(exc)))
+            page.on("console", lambda m: page_errors.append(m.text) if m.type == "error" else None)
+            page.goto(base + "/")
+
+            first_scene = page.locator(".scene[data-kind='scene']").first
+            first_scene.wait_for(timeout=15_000)
+            first_scene.click()
+            assert page.locator(".scene[data-kind='scene'] input").first.is_checked()
+            weights = page.locator("#weights-note")
+            model = _hook(page)["model"]
+            if "random" in (model.get("weights") or "").lower():
+                assert weights.is_visible() and "random" in weights.inner_text().lower()
+
+            page.locator("#start-btn").click()
+            page.wait_for_function(
+                f"() => window.worldrtc.state === 'error' || window.worldrtc.stats.framesDisplayed >= {MIN_FRAMES}",
+                timeout=FIRST_VIDEO_TIMEOUT_MS,
+            )
+            hook = _hook(page)
+            assert hook["state"] == "streaming", f"no video: {hook['error']}\nserver log:\n{_tail(log)}"
+            assert hook["stats"]["firstFrameS"] is not None and hook["stats"]["firstFrameS"] > 0
+            assert page.locator("#video").evaluate("v => v.videoWidth > 0 && !v.paused")
+
+            page.keyboard.down("w")
+            chunk_w = _wait_for_keys(page, ["w"])
+            page.keyboard.down("j")
+            chunk_wj = _wait_for_keys(page, ["w", "j"])
+            assert chunk_wj["index"] >= chunk_w["index"]
+            page.keyboard.up("j")
+            page.keyboard.up("w")
+            page.wait_for_function(
+                "() => window.worldrtc.state === 'error' || window.worldrtc.stats.g2gP50Ms !== null",
+                timeout=CHUNK_TIMEOUT_MS,
+            )
+            hook = _hook(page)
+            stats = hook["stats"]
+            assert hook["state"] == "streaming", hook["error"]
+            assert stats["chunksReceived"] >= 2
+            assert 0 < stats["g2gP50Ms"] < 20_000
+            assert stats["fps"] > 0
+            assert _number(page.locator("#hud-fps").inner_text()) > 0
+            assert _number(page.locator("#hud-latency").inner_text()) > 0
+            assert page.locator("#hud-state").inner_text() == "streaming"
+            page.screenshot(path=str(tmp_path / "worldrtc.png"))
+            print("worldrtc browser stats:", json.dumps({k: v for k, v in stats.items() if k != "lastChunk"}))
+
+            page.locator("#stop-btn").click()
+            page.wait_for_function("() => window.worldrtc.state === 'closed'", timeout=5_000)
+            assert page.locator("#start-btn").is_enabled()
+        finally:
+            context.close()
+
+    assert not [e for e in page_errors if "favicon" not in e], f"errors in the page: {page_errors}"
+    proc.send_signal(signal.SIGINT)
+    try:
+        code = proc.wait(timeout=SERVER_EXIT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"server still running {SERVER_EXIT_TIMEOUT_S:.0f} s after SIGINT:\n{_tail(log)}")
+    assert code is not None
+    print(f"browser test body took {time.monotonic() - t0:.1f} s; server exit code {code}")

@@ -1,0 +1,904 @@
+// worldrtc browser client: start a session, receive the generated world over WebRTC, steer it with
+// keys and mouse over the "control" data channel, and show what the stream is doing in a HUD.
+// Plain JS, no build step, no external requests. Wire formats: server/protocol.py, DESIGN.md §5.
+"use strict";
+
+(() => {
+  // ---- limits (DESIGN.md §7) ----
+  const MAX_IMAGE_BYTES = 10 * 1024 * 1024;
+  const PING_INTERVAL_MS = 1000; // the server closes sessions silent for 5 s
+  const LOST_GRACE_MS = 3000; // pc "disconnected"/"failed" this long counts as a lost connection
+  const ICE_GATHER_TIMEOUT_MS = 5000; // no trickle: wait for gathering, but not forever
+  const FIRST_FRAME_TIMEOUT_MS = 20000; // answer applied → first frame (server ICE connect limit is 15 s)
+  const LOOK_MIN_INTERVAL_MS = 33; // ≤ 30 look messages/s, well under the 120 messages/s limit
+  const MAX_LOOK_PX = 10000;
+  const RECONNECT_DELAYS_MS = [1000, 2000, 4000];
+  const RECONNECT_RESET_AFTER_MS = 10000; // a session that streamed this long earns fresh reconnect attempts
+  const G2G_WINDOW = 50;
+  const FPS_WINDOW_MS = 2000;
+  const MAX_PENDING_PROBES = 256;
+
+  // Physical key (event.code, layout independent) → the camera key the server understands.
+  const KEY_MAP = {
+    KeyW: "w", ArrowUp: "w",
+    KeyA: "a", ArrowLeft: "a",
+    KeyS: "s", ArrowDown: "s",
+    KeyD: "d", ArrowRight: "d",
+    KeyI: "i", KeyJ: "j", KeyK: "k", KeyL: "l",
+  };
+  const RESET_CODE = "KeyR";
+
+  const $ = (id) => document.getElementById(id);
+  const el = {
+    modelName: $("model-name"),
+    weightsNote: $("weights-note"),
+    video: $("video"),
+    videoBox: $("video-box"),
+    overlay: $("overlay"),
+    overlayText: $("overlay-text"),
+    reconnectBtn: $("reconnect-btn"),
+    lookBtn: $("look-btn"),
+    hudState: $("hud-state"),
+    hudFps: $("hud-fps"),
+    hudChunkPeriod: $("hud-chunk-period"),
+    hudLatency: $("hud-latency"),
+    hudFirstFrame: $("hud-first-frame"),
+    hudDrops: $("hud-drops"),
+    hudRtt: $("hud-rtt"),
+    hudKeys: $("hud-keys"),
+    hudError: $("hud-error"),
+    form: $("start-form"),
+    scenes: $("scenes"),
+    scenesEmpty: $("scenes-empty"),
+    imageInput: $("image-input"),
+    prompt: $("prompt"),
+    seed: $("seed"),
+    startBtn: $("start-btn"),
+    stopBtn: $("stop-btn"),
+    message: $("message"),
+    panel: document.querySelector(".panel"),
+  };
+
+  // ---- test hook: read by tests/web/test_browser.py, updated live ----
+  const hook = {
+    state: "idle", // idle | connecting | streaming | closed | error
+    sessionId: null,
+    error: null,
+    model: null,
+    stats: {
+      framesDisplayed: 0,
+      fps: 0,
+      firstFrameS: null,
+      g2gP50Ms: null,
+      g2gLastMs: null,
+      g2gSamples: 0,
+      chunksReceived: 0,
+      lastChunk: null,
+      serverStats: null,
+      rttMs: null,
+    },
+  };
+  window.worldrtc = hook;
+
+  let modelInfo = null; // GET /v1/model
+  let choice = null; // {scene: name} | {image: dataUrl, name}
+  let current = null; // the live session (see newSession)
+  let lastBody = null; // the create body of the last session, for reconnects
+  let reconnectAttempt = 0;
+  let reconnectTimer = null;
+
+  // ---------------------------------------------------------------- REST
+
+  class ApiError extends Error {
+    constructor(status, code, message, retryAfterS) {
+      super(message);
+      this.status = status;
+      this.code = code;
+      this.retryAfterS = retryAfterS;
+    }
+  }
+
+  async function api(method, path, body, token) {
+    const headers = {};
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    if (token) headers.Authorization = `Bearer ${token}`;
+    let resp;
+    try {
+      resp = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+    } catch (err) {
+      throw new ApiError(0, "network", "Cannot reach the server. Is it running, and is this the right address?");
+    }
+    const text = await resp.text();
+    let data = null;
+    try {
+      data = text ? JSON.parse(text) : null;
+    } catch (_) {
+      data = null;
+    }
+    if (!resp.ok) {
+      const retry = Number.parseFloat(resp.headers.get("Retry-After") || "");
+      let message = (data && (data.message || (typeof data.detail === "string" ? data.detail : null))) || "";
+      if (!message && data && Array.isArray(data.detail)) message = data.detail.map((d) => d.msg).join("; ");
+      if (!message) message = `${resp.status} ${resp.statusText || "error"}`;
+      throw new ApiError(resp.status, (data && data.error) || `http_${resp.status}`, message,
+        Number.isFinite(retry) ? retry : null);
+    }
+    return data;
+  }
+
+  const sentence = (text) => {
+    const t = String(text || "").trim();
+    return !t || /[.!?…]$/.test(t) ? t : `${t}.`;
+  };
+
+  function describeApiError(err, doing) {
+    if (!(err instanceof ApiError)) return sentence(`${doing}: ${err && err.message ? err.message : err}`);
+    let text = sentence(`${doing}: ${err.message}`);
+    if (err.status === 429) {
+      text = `The server is busy: ${sentence(err.message)}`;
+      if (err.retryAfterS != null) text += ` Try again in ${Math.ceil(err.retryAfterS)} s.`;
+    } else if (err.status === 503) {
+      text = `The server is not ready yet: ${sentence(err.message)}`;
+      if (err.retryAfterS != null) text += ` Try again in ${Math.ceil(err.retryAfterS)} s.`;
+    } else if (err.status === 401 || err.status === 403) {
+      text = sentence(`${doing}: not allowed (${err.message})`);
+    }
+    return text;
+  }
+
+  // ---------------------------------------------------------------- model + start image
+
+  async function loadModel() {
+    try {
+      modelInfo = await api("GET", "/v1/model");
+    } catch (err) {
+      const loading = err instanceof ApiError && (err.status === 503 || err.status === 0);
+      el.modelName.textContent = loading ? "waiting for the server…" : "model unavailable";
+      showMessage(`${describeApiError(err, "Could not load the model description")} Retrying…`, true);
+      setTimeout(loadModel, 2000);
+      return;
+    }
+    hook.model = modelInfo;
+    showModel(modelInfo.model, modelInfo.weights);
+    renderScenes(modelInfo.scenes || []);
+    showMessage("", false);
+    updateControls();
+  }
+
+  function showModel(name, weights) {
+    const geo = modelInfo && modelInfo.width ? ` · ${modelInfo.width}×${modelInfo.height} @ ${modelInfo.fps} fps` : "";
+    el.modelName.textContent = `${name || "unknown model"}${geo}`;
+    if (weights) {
+      el.weightsNote.hidden = false;
+      el.weightsNote.textContent = weights;
+      el.weightsNote.classList.toggle("random", /random/i.test(weights));
+    } else {
+      el.weightsNote.hidden = true;
+    }
+  }
+
+  function renderScenes(scenes) {
+    el.scenes.querySelectorAll(".scene[data-kind='scene']").forEach((n) => n.remove());
+    el.scenesEmpty.hidden = scenes.length > 0;
+    el.scenesEmpty.textContent = scenes.length ? "" : "No built-in scenes; upload an image.";
+    scenes.forEach((scene, i) => {
+      const item = sceneItem("scene", scene.name, scene.url, scene.name);
+      item.dataset.index = String(i);
+      el.scenes.appendChild(item);
+    });
+    if (!choice && scenes.length) selectScene(scenes[0].name);
+  }
+
+  function sceneItem(kind, value, src, label) {
+    const wrap = document.createElement("label");
+    wrap.className = "scene";
+    wrap.dataset.kind = kind;
+    wrap.dataset.name = value;
+    const input = document.createElement("input");
+    input.type = "radio";
+    input.name = "scene";
+    input.value = value;
+    input.addEventListener("change", () => {
+      if (!input.checked) return;
+      if (kind === "scene") choice = { scene: value };
+      else choice = { image: wrap.dataset.dataUrl, name: label };
+      updateControls();
+    });
+    const img = document.createElement("img");
+    img.src = src;
+    img.alt = "";
+    img.loading = "lazy";
+    img.decoding = "async";
+    const span = document.createElement("span");
+    span.textContent = label;
+    wrap.append(input, img, span);
+    return wrap;
+  }
+
+  function selectScene(name) {
+    const input = el.scenes.querySelector(`.scene[data-kind='scene'] input[value="${CSS.escape(name)}"]`);
+    if (input) {
+      input.checked = true;
+      choice = { scene: name };
+    }
+  }
+
+  function readImage(file) {
+    if (!file) return;
+    if (!/^image\/(png|jpeg)$/.test(file.type)) {
+      showMessage(`"${file.name}" is not a PNG or JPEG image.`, true);
+      return;
+    }
+    if (file.size > MAX_IMAGE_BYTES) {
+      showMessage(`"${file.name}" is ${(file.size / 1048576).toFixed(1)} MiB; the limit is 10 MiB.`, true);
+      return;
+    }
+    const reader = new FileReader();
+    reader.onerror = () => showMessage(`Could not read "${file.name}".`, true);
+    reader.onload = () => {
+      const dataUrl = String(reader.result);
+      let item = el.scenes.querySelector(".scene[data-kind='image']");
+      if (item) item.remove();
+      item = sceneItem("image", "__upload__", dataUrl, file.name);
+      item.dataset.dataUrl = dataUrl;
+      el.scenes.prepend(item);
+      const input = item.querySelector("input");
+      input.checked = true;
+      choice = { image: dataUrl, name: file.name };
+      showMessage(`Using "${file.name}" as the start image.`, false);
+      updateControls();
+    };
+    reader.readAsDataURL(file);
+  }
+
+  function createBody() {
+    const seed = Number(el.seed.value || "0");
+    if (!Number.isInteger(seed) || seed < 0 || seed > 2147483647) {
+      throw new Error("The seed must be a whole number from 0 to 2147483647.");
+    }
+    const body = { prompt: el.prompt.value.trim(), seed };
+    if (choice && choice.image) body.image = choice.image;
+    else if (choice && choice.scene) body.scene = choice.scene;
+    else throw new Error("Pick a start scene or upload an image first.");
+    return body;
+  }
+
+  // ---------------------------------------------------------------- session lifecycle
+
+  function newSession(body, startedAt) {
+    return {
+      body,
+      startedAt, // performance.now() of the Start click (first-frame time counts from here)
+      id: null,
+      token: null,
+      pc: null,
+      dc: null,
+      seq: 0,
+      closing: false,
+      done: null, // reason from the server's "done"
+      firstFrameAt: null,
+      timers: { ping: null, firstFrame: null, lost: null, stats: null },
+      rvfcHandle: null,
+      rafHandle: null,
+      heldCodes: new Map(), // event.code → camera key
+      look: { dx: 0, dy: 0, lastSent: 0 },
+      probes: [], // key changes not yet applied: {seq, sentAt}
+      matched: [], // applied by a chunk that has arrived; wait for the next displayed frame
+      g2g: [],
+      frameTimes: [], // [time, frames] for the fps window
+      lastPresented: null,
+      chunkArrivals: [],
+      statsBase: null, // getStats fallback
+    };
+  }
+
+  function resetStats() {
+    Object.assign(hook.stats, {
+      framesDisplayed: 0, fps: 0, firstFrameS: null, g2gP50Ms: null, g2gLastMs: null, g2gSamples: 0,
+      chunksReceived: 0, lastChunk: null, serverStats: null, rttMs: null,
+    });
+    hook.error = null;
+    el.hudError.textContent = "";
+  }
+
+  async function start(body, startedAt, { isReconnect = false } = {}) {
+    clearTimeout(reconnectTimer);
+    reconnectTimer = null;
+    if (current) teardown(current, { sendStop: true });
+    const s = newSession(body, startedAt);
+    current = s;
+    lastBody = body;
+    if (!isReconnect) reconnectAttempt = 0;
+    resetStats();
+    setState("connecting", isReconnect ? "Reconnecting: starting a new session…" : "Starting a session…");
+    showMessage("", false);
+
+    try {
+      const created = await api("POST", "/v1/sessions", body);
+      s.id = created.session_id;
+      s.token = created.token || null;
+      if (!alive(s)) {
+        deleteSession(s); // stopped while the create request was in flight
+        return;
+      }
+      hook.sessionId = s.id;
+      setState("connecting", "Connecting the video stream…");
+
+      const iceServers = await getIceServers();
+      if (!alive(s)) return;
+      const pc = new RTCPeerConnection({ iceServers });
+      s.pc = pc;
+      pc.addTransceiver("video", { direction: "recvonly" });
+      const dc = pc.createDataChannel("control", { ordered: true });
+      s.dc = dc;
+      wirePeer(s, pc);
+      wireChannel(s, dc, true);
+
+      await pc.setLocalDescription(await pc.createOffer());
+      await waitIceGathering(pc, ICE_GATHER_TIMEOUT_MS);
+      if (!alive(s)) return;
+      const local = pc.localDescription;
+      const answer = await api("POST", `/v1/sessions/${encodeURIComponent(s.id)}/offer`,
+        { sdp: local.sdp, type: local.type }, s.token);
+      if (!alive(s)) return;
+      await pc.setRemoteDescription({ sdp: answer.sdp, type: answer.type || "answer" });
+      s.timers.firstFrame = setTimeout(() => {
+        fail(s, "No video arrived within 20 s of connecting. The network may block WebRTC (UDP), or the " +
+          "server may need a TURN server (GET /v1/ice-servers).", { retry: false });
+      }, FIRST_FRAME_TIMEOUT_MS);
+      startFrameWatch(s);
+    } catch (err) {
+      if (!alive(s)) return;
+      const text = err instanceof ApiError ? describeApiError(err, "Could not start the session")
+        : `Could not start the session: ${err && err.message ? err.message : err}`;
+      fail(s, text, { retry: false });
+    }
+  }
+
+  function alive(s) {
+    return s === current && !s.closing;
+  }
+
+  async function getIceServers() {
+    try {
+      const data = await api("GET", "/v1/ice-servers");
+      return Array.isArray(data && data.ice_servers) ? data.ice_servers : [];
+    } catch (_) {
+      return []; // loopback and LAN work without STUN/TURN
+    }
+  }
+
+  function waitIceGathering(pc, timeoutMs) {
+    if (pc.iceGatheringState === "complete") return Promise.resolve();
+    return new Promise((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        pc.removeEventListener("icegatheringstatechange", check);
+        pc.removeEventListener("icecandidate", onCandidate);
+        resolve();
+      };
+      const check = () => {
+        if (pc.iceGatheringState === "complete") done();
+      };
+      const onCandidate = (ev) => {
+        if (!ev.candidate) done(); // end-of-candidates
+      };
+      // Past the timeout, send what has been gathered: host candidates come first and are enough locally.
+      const timer = setTimeout(done, timeoutMs);
+      pc.addEventListener("icegatheringstatechange", check);
+      pc.addEventListener("icecandidate", onCandidate);
+    });
+  }
+
+  function wirePeer(s, pc) {
+    pc.ontrack = (ev) => {
+      if (s !== current) return;
+      const stream = ev.streams && ev.streams[0] ? ev.streams[0] : new MediaStream([ev.track]);
+      el.video.srcObject = stream;
+      const p = el.video.play();
+      if (p && p.catch) p.catch(() => {}); // muted autoplay is allowed; ignore interrupted play()
+    };
+    pc.ondatachannel = (ev) => wireChannel(s, ev.channel, false); // a server-opened "status" channel
+    pc.onconnectionstatechange = () => {
+      if (s !== current || s.closing) return;
+      const st = pc.connectionState;
+      if (st === "connected") {
+        clearTimeout(s.timers.lost);
+        s.timers.lost = null;
+        if (hook.state === "streaming") el.hudError.textContent = "";
+      } else if (st === "disconnected" || st === "failed") {
+        if (hook.state === "streaming") el.hudError.textContent = `Network ${st}; waiting up to 3 s…`;
+        if (!s.timers.lost) {
+          s.timers.lost = setTimeout(() => {
+            lost(s, `The connection to the server was lost (WebRTC ${pc.connectionState}).`);
+          }, LOST_GRACE_MS);
+        }
+      } else if (st === "closed") {
+        lost(s, "The connection to the server closed.");
+      }
+    };
+  }
+
+  function wireChannel(s, ch, isControl) {
+    ch.onmessage = (ev) => {
+      if (s !== current) return;
+      let msg;
+      try {
+        msg = JSON.parse(ev.data);
+      } catch (_) {
+        return;
+      }
+      onServerMessage(s, msg);
+    };
+    if (!isControl) return;
+    ch.onopen = () => {
+      if (s !== current) return;
+      // Keys pressed while connecting are sent as one state; then a heartbeat every second.
+      send(s, { type: "control_state", controls: heldKeys(s) });
+      s.timers.ping = setInterval(() => send(s, { type: "ping" }), PING_INTERVAL_MS);
+    };
+    ch.onclose = () => {
+      if (s !== current || s.closing) return;
+      if (s.done !== null) finish(s, s.done);
+      else lost(s, "The control channel closed unexpectedly.");
+    };
+  }
+
+  function send(s, msg) {
+    if (!s.dc || s.dc.readyState !== "open") return null;
+    const seq = ++s.seq;
+    const t = performance.now();
+    try {
+      s.dc.send(JSON.stringify({ ...msg, seq, t }));
+    } catch (_) {
+      return null;
+    }
+    return { seq, t };
+  }
+
+  // The server may close a session on its own (done), or the network may drop it (lost).
+  function finish(s, reason) {
+    if (s !== current) return;
+    teardown(s, { sendStop: false });
+    setState("closed", `The session ended: ${reason || "closed by the server"}.`);
+  }
+
+  function lost(s, text) {
+    if (s !== current || s.closing) return;
+    const streamedLong = s.firstFrameAt !== null && performance.now() - s.firstFrameAt > RECONNECT_RESET_AFTER_MS;
+    if (streamedLong) reconnectAttempt = 0;
+    fail(s, text, { retry: s.firstFrameAt !== null });
+  }
+
+  function fail(s, text, { retry }) {
+    if (s !== current) return;
+    teardown(s, { sendStop: true });
+    hook.error = text;
+    if (retry && reconnectAttempt < RECONNECT_DELAYS_MS.length) {
+      const delay = RECONNECT_DELAYS_MS[reconnectAttempt++];
+      reconnectTimer = setTimeout(() => {
+        reconnectTimer = null;
+        if (current === s && lastBody) start(lastBody, performance.now(), { isReconnect: true });
+      }, delay);
+      setState("error", `${text} Reconnecting in ${Math.round(delay / 1000)} s (new session)…`);
+    } else {
+      setState("error", text);
+    }
+    el.hudError.textContent = text;
+  }
+
+  function stop() {
+    clearTimeout(reconnectTimer);
+    reconnectTimer = null;
+    const s = current;
+    if (!s) return;
+    teardown(s, { sendStop: true });
+    setState("closed", "Stopped. Press Start to begin again.");
+  }
+
+  // Idempotent; leaves `current` pointing at s so late events from it are recognised and ignored.
+  function teardown(s, { sendStop }) {
+    if (s.closing) return;
+    if (sendStop) send(s, { type: "stop" });
+    s.closing = true;
+    for (const k of Object.keys(s.timers)) {
+      clearTimeout(s.timers[k]);
+      clearInterval(s.timers[k]);
+      s.timers[k] = null;
+    }
+    if (s.rvfcHandle !== null && el.video.cancelVideoFrameCallback) el.video.cancelVideoFrameCallback(s.rvfcHandle);
+    if (s.rafHandle !== null) cancelAnimationFrame(s.rafHandle);
+    s.heldCodes.clear();
+    if (s.dc) {
+      s.dc.onopen = s.dc.onclose = s.dc.onmessage = null;
+      try {
+        s.dc.close();
+      } catch (_) { /* already closed */ }
+    }
+    if (s.pc) {
+      s.pc.ontrack = s.pc.ondatachannel = s.pc.onconnectionstatechange = null;
+      try {
+        s.pc.close();
+      } catch (_) { /* already closed */ }
+    }
+    el.video.srcObject = null;
+    if (document.pointerLockElement) document.exitPointerLock();
+    deleteSession(s);
+  }
+
+  function deleteSession(s) {
+    if (!s.id || s.deleted) return;
+    s.deleted = true;
+    const headers = s.token ? { Authorization: `Bearer ${s.token}` } : {};
+    // keepalive lets the DELETE finish while the page unloads; 404 (already gone) is fine.
+    fetch(`/v1/sessions/${encodeURIComponent(s.id)}`, { method: "DELETE", headers, keepalive: true }).catch(() => {});
+  }
+
+  // ---------------------------------------------------------------- server messages
+
+  function onServerMessage(s, msg) {
+    switch (msg.type) {
+      case "ready":
+        if (modelInfo) Object.assign(modelInfo, { width: msg.width, height: msg.height, fps: msg.fps });
+        showModel(msg.model, msg.weights || (modelInfo && modelInfo.weights));
+        break;
+      case "chunk":
+        onChunk(s, msg);
+        break;
+      case "stats":
+        hook.stats.serverStats = msg;
+        break;
+      case "pong":
+        if (typeof msg.t === "number") hook.stats.rttMs = performance.now() - msg.t;
+        break;
+      case "error": {
+        const text = `Server: ${msg.message || msg.code || "error"}${msg.code ? ` (${msg.code})` : ""}`;
+        hook.error = text;
+        el.hudError.textContent = text;
+        break;
+      }
+      case "done":
+        s.done = msg.reason || "done";
+        finish(s, s.done);
+        break;
+      default:
+        break;
+    }
+  }
+
+  function onChunk(s, msg) {
+    const now = performance.now();
+    hook.stats.chunksReceived += 1;
+    hook.stats.lastChunk = msg;
+    s.chunkArrivals.push(now);
+    if (s.chunkArrivals.length > 21) s.chunkArrivals.shift();
+    const applied = msg.applied_seq;
+    if (typeof applied === "number") {
+      while (s.probes.length && s.probes[0].seq <= applied) s.matched.push(s.probes.shift());
+    }
+    if (!videoFrameCallbacks()) {
+      // Without requestVideoFrameCallback we cannot see individual frames; count arrival as display.
+      for (const m of s.matched) recordLatency(s, now - m.sentAt);
+      s.matched = [];
+    }
+  }
+
+  // ---------------------------------------------------------------- frames, fps, glass-to-glass
+  //
+  // Glass-to-glass control latency (DESIGN §6 control_to_frame_s, client side). Method: every key
+  // change (press, release, control_state on blur, reset_pose) is a probe {seq, sentAt}. The server
+  // echoes with each chunk the last control seq it had folded in when it sampled that chunk's
+  // controls (applied_seq), so a chunk with applied_seq ≥ seq is the first one generated with that
+  // change. Its frames are paced out from about when its "chunk" message is sent, so we take the
+  // first video frame presented (requestVideoFrameCallback, expectedDisplayTime) after that message
+  // arrives as the first frame showing the change. Latency = that display time − sentAt. This is
+  // honest to within about one frame interval plus the jitter between the message and the frame
+  // paths (the data channel and the video track share the same transport); it does not use pts,
+  // whose clock the browser does not expose with a known origin.
+
+  function videoFrameCallbacks() {
+    return typeof el.video.requestVideoFrameCallback === "function";
+  }
+
+  function startFrameWatch(s) {
+    if (videoFrameCallbacks()) {
+      const onFrame = (now, meta) => {
+        if (s !== current || s.closing) return;
+        const shown = meta && typeof meta.expectedDisplayTime === "number" ? meta.expectedDisplayTime : now;
+        let frames = 1;
+        if (meta && typeof meta.presentedFrames === "number") {
+          if (s.lastPresented !== null) frames = Math.max(1, meta.presentedFrames - s.lastPresented);
+          s.lastPresented = meta.presentedFrames;
+        }
+        onFramesShown(s, shown, frames);
+        s.rvfcHandle = el.video.requestVideoFrameCallback(onFrame);
+      };
+      s.rvfcHandle = el.video.requestVideoFrameCallback(onFrame);
+    } else {
+      // Fallback: decoded-frame counts from getStats, twice a second.
+      s.timers.stats = setInterval(async () => {
+        if (s !== current || s.closing || !s.pc) return;
+        let decoded = null;
+        try {
+          const report = await s.pc.getStats();
+          report.forEach((r) => {
+            if (r.type === "inbound-rtp" && (r.kind === "video" || r.mediaType === "video")) {
+              decoded = r.framesDecoded;
+            }
+          });
+        } catch (_) {
+          return;
+        }
+        if (decoded === null || s !== current) return;
+        const prev = s.statsBase === null ? 0 : s.statsBase;
+        s.statsBase = decoded;
+        if (decoded > prev) onFramesShown(s, performance.now(), decoded - prev);
+      }, 500);
+    }
+    s.rafHandle = requestAnimationFrame(function tick(now) {
+      if (s !== current || s.closing) return;
+      flushLook(s, now);
+      s.rafHandle = requestAnimationFrame(tick);
+    });
+  }
+
+  function onFramesShown(s, at, frames) {
+    hook.stats.framesDisplayed += frames;
+    s.frameTimes.push([at, frames]);
+    while (s.frameTimes.length && s.frameTimes[0][0] < at - FPS_WINDOW_MS) s.frameTimes.shift();
+    if (s.firstFrameAt === null) {
+      s.firstFrameAt = at;
+      hook.stats.firstFrameS = Math.max(0, at - s.startedAt) / 1000;
+      clearTimeout(s.timers.firstFrame);
+      s.timers.firstFrame = null;
+      setState("streaming", "");
+    }
+    if (s.matched.length) {
+      for (const m of s.matched) recordLatency(s, at - m.sentAt);
+      s.matched = [];
+    }
+  }
+
+  function recordLatency(s, ms) {
+    s.g2g.push(ms);
+    if (s.g2g.length > G2G_WINDOW) s.g2g.shift();
+    hook.stats.g2gLastMs = ms;
+    hook.stats.g2gSamples += 1;
+    hook.stats.g2gP50Ms = percentile(s.g2g, 0.5);
+  }
+
+  function percentile(values, q) {
+    if (!values.length) return null;
+    const sorted = [...values].sort((a, b) => a - b);
+    const pos = (sorted.length - 1) * q;
+    const lo = Math.floor(pos);
+    const hi = Math.ceil(pos);
+    return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo);
+  }
+
+  function currentFps(s, now) {
+    const ft = s.frameTimes;
+    if (ft.length < 2 || now - ft[ft.length - 1][0] > 1000) return 0;
+    const span = ft[ft.length - 1][0] - ft[0][0];
+    if (span < 250) return 0;
+    let frames = 0;
+    for (let i = 1; i < ft.length; i++) frames += ft[i][1];
+    return (frames * 1000) / span;
+  }
+
+  // ---------------------------------------------------------------- keys and mouse
+
+  function heldKeys(s) {
+    return [...new Set(s.heldCodes.values())].sort();
+  }
+
+  function probe(s, sent) {
+    if (!sent) return;
+    s.probes.push({ seq: sent.seq, sentAt: sent.t });
+    if (s.probes.length > MAX_PENDING_PROBES) s.probes.shift();
+  }
+
+  function typingTarget(target) {
+    if (!target || target === document.body) return false;
+    if (target.isContentEditable) return true;
+    const tag = target.tagName;
+    return tag === "INPUT" || tag === "TEXTAREA" || tag === "SELECT";
+  }
+
+  function sessionActive() {
+    return current && !current.closing && (hook.state === "connecting" || hook.state === "streaming");
+  }
+
+  function onKeyDown(ev) {
+    if (ev.key === "Escape" && document.pointerLockElement === el.videoBox) {
+      document.exitPointerLock(); // browsers do this themselves; harmless when they already did
+      return;
+    }
+    if (!sessionActive() || ev.ctrlKey || ev.metaKey || ev.altKey || typingTarget(ev.target)) return;
+    const s = current;
+    const code = ev.code || "";
+    if (code === RESET_CODE || (!code && ev.key && ev.key.toLowerCase() === "r")) {
+      ev.preventDefault();
+      if (!ev.repeat) probe(s, send(s, { type: "reset_pose" }));
+      return;
+    }
+    const key = KEY_MAP[code] || KEY_MAP[`Key${(ev.key || "").toUpperCase()}`];
+    if (!key) return;
+    ev.preventDefault(); // no page scrolling on arrows
+    if (ev.repeat || s.heldCodes.has(code)) return;
+    const already = heldKeys(s).includes(key); // e.g. W held and ArrowUp pressed: same camera key
+    s.heldCodes.set(code, key);
+    if (!already) probe(s, send(s, { type: "control", key, action: "press" }));
+  }
+
+  function onKeyUp(ev) {
+    if (!current || current.closing) return;
+    const s = current;
+    const code = ev.code || "";
+    const key = s.heldCodes.get(code);
+    if (!key) return;
+    ev.preventDefault();
+    s.heldCodes.delete(code);
+    if (!heldKeys(s).includes(key)) probe(s, send(s, { type: "control", key, action: "release" }));
+  }
+
+  function releaseAll() {
+    // Keyups are not delivered once the window loses focus; without this, keys would stick.
+    if (!current || current.closing) return;
+    const hadKeys = current.heldCodes.size > 0;
+    current.heldCodes.clear();
+    const sent = send(current, { type: "control_state", controls: [] });
+    if (hadKeys) probe(current, sent);
+  }
+
+  function lockPointer() {
+    if (hook.state !== "streaming" || document.pointerLockElement === el.videoBox) return;
+    try {
+      const p = el.videoBox.requestPointerLock();
+      if (p && p.catch) p.catch(() => {});
+    } catch (_) { /* pointer lock unavailable (e.g. an iframe without permission) */ }
+  }
+
+  function onMouseMove(ev) {
+    if (document.pointerLockElement !== el.videoBox || !current || current.closing) return;
+    current.look.dx += ev.movementX || 0;
+    current.look.dy += ev.movementY || 0;
+  }
+
+  // Mouse deltas are summed and sent once per animation frame (at most ~30 per second).
+  function flushLook(s, now) {
+    const look = s.look;
+    if ((look.dx === 0 && look.dy === 0) || now - look.lastSent < LOOK_MIN_INTERVAL_MS) return;
+    const clamp = (v) => Math.max(-MAX_LOOK_PX, Math.min(MAX_LOOK_PX, v));
+    if (send(s, { type: "look", dx: clamp(look.dx), dy: clamp(look.dy) })) {
+      look.dx = 0;
+      look.dy = 0;
+      look.lastSent = now;
+    }
+  }
+
+  // ---------------------------------------------------------------- UI
+
+  function showMessage(text, isError) {
+    el.message.textContent = text;
+    el.message.classList.toggle("error", Boolean(isError) && Boolean(text));
+  }
+
+  const STATE_TEXT = { idle: "idle", connecting: "connecting", streaming: "streaming", closed: "closed", error: "error" };
+
+  function setState(state, text) {
+    hook.state = state;
+    el.hudState.textContent = STATE_TEXT[state] || state;
+    el.hudState.dataset.state = state;
+    el.videoBox.classList.toggle("streaming", state === "streaming");
+    const showOverlay = state !== "streaming";
+    el.overlay.hidden = !showOverlay;
+    el.overlay.classList.toggle("error", state === "error");
+    if (text !== undefined && text !== "") el.overlayText.textContent = text;
+    el.reconnectBtn.hidden = !((state === "error" || state === "closed") && lastBody && !reconnectTimer);
+    el.lookBtn.hidden = state !== "streaming" || document.pointerLockElement === el.videoBox;
+    if (state === "error" && text) showMessage(text, true);
+    else if (state === "closed" && text) showMessage(text, false);
+    updateControls();
+    renderHud();
+  }
+
+  function updateControls() {
+    const busy = hook.state === "connecting" || hook.state === "streaming";
+    el.startBtn.disabled = busy || !modelInfo || !choice;
+    el.stopBtn.disabled = !busy;
+  }
+
+  const fmt = (v, digits) => (v === null || v === undefined || !Number.isFinite(v) ? "–" : v.toFixed(digits));
+
+  function renderHud() {
+    const st = hook.stats;
+    const s = current;
+    const live = s && !s.closing;
+    if (live) st.fps = currentFps(s, performance.now());
+    el.hudFps.textContent = live && st.framesDisplayed > 0 ? fmt(st.fps, 1) : "–";
+
+    const server = st.serverStats;
+    let periodS = server && typeof server.chunk_period_p50_s === "number" ? server.chunk_period_p50_s : null;
+    if (periodS === null && s && s.chunkArrivals.length >= 3) {
+      const gaps = s.chunkArrivals.slice(1).map((t, i) => t - s.chunkArrivals[i]);
+      periodS = percentile(gaps, 0.5) / 1000;
+    }
+    el.hudChunkPeriod.textContent = periodS === null ? "–" : `${fmt(periodS, 2)} s`;
+    const chunk = st.lastChunk;
+    const fps = (modelInfo && modelInfo.fps) || (server && server.fps) || null;
+    if (periodS !== null && chunk && chunk.num_frames && fps) {
+      const media = chunk.num_frames / fps;
+      el.hudChunkPeriod.title = `chunk media ${media.toFixed(2)} s: ${periodS <= media ? "keeping up" : "slower than real time"}`;
+    }
+
+    el.hudLatency.textContent = st.g2gP50Ms === null ? "–"
+      : `${Math.round(st.g2gP50Ms)} ms p50 · last ${Math.round(st.g2gLastMs)}`;
+    el.hudFirstFrame.textContent = st.firstFrameS === null ? "–" : `${fmt(st.firstFrameS, 2)} s`;
+    el.hudDrops.textContent = server ? `${server.frames_dropped ?? 0} / ${server.frames_repeated ?? 0}` : "–";
+    el.hudRtt.textContent = st.rttMs === null ? "–" : `${Math.round(st.rttMs)} ms`;
+    el.hudKeys.textContent = live && s.heldCodes.size ? heldKeys(s).join(" ").toUpperCase() : "–";
+  }
+
+  // ---------------------------------------------------------------- wiring
+
+  el.form.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const clickedAt = performance.now();
+    let body;
+    try {
+      body = createBody();
+    } catch (err) {
+      showMessage(err.message, true);
+      return;
+    }
+    start(body, clickedAt);
+    el.videoBox.focus({ preventScroll: true }); // keys go to the world, not the form
+  });
+  el.stopBtn.addEventListener("click", stop);
+  el.reconnectBtn.addEventListener("click", () => {
+    if (lastBody) start(lastBody, performance.now(), { isReconnect: true });
+  });
+  el.imageInput.addEventListener("change", () => {
+    readImage(el.imageInput.files && el.imageInput.files[0]);
+    el.imageInput.value = "";
+  });
+  el.panel.addEventListener("dragover", (ev) => {
+    if (ev.dataTransfer && [...ev.dataTransfer.types].includes("Files")) {
+      ev.preventDefault();
+      el.panel.classList.add("dragging");
+    }
+  });
+  el.panel.addEventListener("dragleave", () => el.panel.classList.remove("dragging"));
+  el.panel.addEventListener("drop", (ev) => {
+    ev.preventDefault();
+    el.panel.classList.remove("dragging");
+    readImage(ev.dataTransfer && ev.dataTransfer.files && ev.dataTransfer.files[0]);
+  });
+
+  el.videoBox.addEventListener("click", (ev) => {
+    if (ev.target.closest("button")) return;
+    lockPointer();
+  });
+  el.lookBtn.addEventListener("click", lockPointer);
+  document.addEventListener("pointerlockchange", () => {
+    const locked = document.pointerLockElement === el.videoBox;
+    el.videoBox.classList.toggle("locked", locked);
+    el.lookBtn.hidden = locked || hook.state !== "streaming";
+  });
+  document.addEventListener("mousemove", onMouseMove);
+  window.addEventListener("keydown", onKeyDown);
+  window.addEventListener("keyup", onKeyUp);
+  window.addEventListener("blur", releaseAll);
+  document.addEventListener("visibilitychange", () => {
+    if (document.hidden) releaseAll();
+  });
+  window.addEventListener("pagehide", () => {
+    if (current && !current.closing) teardown(current, { sendStop: true });
+  });
+
+  el.videoBox.tabIndex = -1;
+  setInterval(renderHud, 250);
+  setState("idle");
+  loadModel();
+})();
