@@ -51,6 +51,8 @@ class ClientRun:
     ready: dict[str, Any] | None = None
     sent: dict[int, float] = field(default_factory=dict)  # control seq -> send time
     done: dict[str, Any] | None = None
+    keep_frames: int = 0  # decoded frames to keep (RGB arrays), e.g. for tests that look at them
+    frames: list[Any] = field(default_factory=list)
 
     def glass_to_glass_s(self) -> list[float]:
         """Per control: send → first received frame at or after the pts_start of the first chunk echoing it."""
@@ -162,6 +164,8 @@ class WebRTCClient:
                 return  # track ended
             self.run.frame_times.append(time.perf_counter())
             self.run.frame_pts.append(int(frame.pts))
+            if len(self.run.frames) < self.run.keep_frames:
+                self.run.frames.append(frame.to_ndarray(format="rgb24"))
 
     async def _ping(self) -> None:
         while True:

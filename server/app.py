@@ -86,7 +86,7 @@ def _warm_up(engine: PipelineEngine, preset: Any) -> None:
 
 def create_app(settings: Settings) -> FastAPI:
     state = AppState(settings)
-    set_video_bitrate(settings.video_bitrate_bps)
+    set_video_bitrate(settings.video_bitrate_bps, fps=settings.fps)
     use_loopback_candidates(settings.is_loopback)
 
     async def load() -> None:
@@ -200,6 +200,18 @@ def create_app(settings: Settings) -> FastAPI:
     @app.get("/v1/ice-servers", dependencies=[Depends(require_token)])
     async def ice_servers() -> dict[str, Any]:
         return {"ice_servers": settings.ice_servers}
+
+    @app.get("/v1/engine", dependencies=[Depends(require_token)])
+    async def engine_status() -> dict[str, Any]:
+        """Workers, counters and slot usage: what an operator checks when something looks stuck."""
+        require_ready()
+        stats = await asyncio.to_thread(state.engine.stats)
+        return stats | {
+            "stage_busy_idle_s": {
+                k: {"busy_s": v["busy_s"], "idle_s": v["idle_s"]} for k, v in state.engine.stage_report().items()
+            },
+            "event_loop_lag_p99_s": state.lag.p99_s(),
+        }
 
     @app.get("/metrics")
     async def metrics(_: None = Depends(require_token)) -> Response:

@@ -1,6 +1,6 @@
 """Video codec preference (H.264 first, VP8 fallback) and the encoder bitrate, for aiortc.
 
-Codec order. Safari decodes only H.264 in hardware-friendly profiles, so the offer/answer lists H.264
+Codec order. Safari/iOS WebRTC is built around H.264 (hardware decode), so the offer/answer lists H.264
 constrained baseline (profile-level-id 42e01f, packetization-mode 1) first; every browser also does
 VP8, which stays as the fallback. RTX (retransmission) is kept so NACKed packets can be resent.
 

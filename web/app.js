@@ -17,6 +17,8 @@
   const G2G_WINDOW = 50;
   const FPS_WINDOW_MS = 2000;
   const MAX_PENDING_PROBES = 256;
+  const MATCH_GIVE_UP_MS = 5000;
+  const VIDEO_CLOCK_HZ = 90000;
 
   // Physical key (event.code, layout independent) → the camera key the server understands.
   const KEY_MAP = {
@@ -276,6 +278,7 @@
       seq: 0,
       closing: false,
       done: null, // reason from the server's "done"
+      failed: null, // message of a session_failed error that came before "done"
       firstFrameAt: null,
       timers: { ping: null, firstFrame: null, lost: null, stats: null },
       rvfcHandle: null,
@@ -283,7 +286,8 @@
       heldCodes: new Map(), // event.code → camera key
       look: { dx: 0, dy: 0, lastSent: 0 },
       probes: [], // key changes not yet applied: {seq, sentAt}
-      matched: [], // applied by a chunk that has arrived; wait for the next displayed frame
+      matched: [], // applied by a chunk that has arrived: {seq, sentAt, ptsStart, arrivedAt}
+      rtpOrigin: null, // RTP timestamp of pts 0 (first frame of the session), when the browser exposes it
       g2g: [],
       frameTimes: [], // [time, frames] for the fps window
       lastPresented: null,
@@ -460,7 +464,13 @@
   function finish(s, reason) {
     if (s !== current) return;
     teardown(s, { sendStop: false });
-    setState("closed", `The session ended: ${reason || "closed by the server"}.`);
+    if (s.failed) {
+      hook.error = `The session failed: ${s.failed}`;
+      setState("error", `${hook.error} Press Reconnect to start a new one.`);
+      el.hudError.textContent = hook.error;
+    } else {
+      setState("closed", `The session ended: ${sentence(reason || "closed by the server")}`);
+    }
   }
 
   function lost(s, text) {
@@ -552,9 +562,10 @@
         if (typeof msg.t === "number") hook.stats.rttMs = performance.now() - msg.t;
         break;
       case "error": {
-        const text = `Server: ${msg.message || msg.code || "error"}${msg.code ? ` (${msg.code})` : ""}`;
+        const text = `Server: ${sentence(msg.message || msg.code || "error")}${msg.code ? ` (${msg.code})` : ""}`;
         hook.error = text;
         el.hudError.textContent = text;
+        if (msg.code === "session_failed") s.failed = sentence(msg.message || "the session failed");
         break;
       }
       case "done":
@@ -574,7 +585,10 @@
     if (s.chunkArrivals.length > 21) s.chunkArrivals.shift();
     const applied = msg.applied_seq;
     if (typeof applied === "number") {
-      while (s.probes.length && s.probes[0].seq <= applied) s.matched.push(s.probes.shift());
+      const ptsStart = typeof msg.pts_start === "number" ? msg.pts_start : null;
+      while (s.probes.length && s.probes[0].seq <= applied) {
+        s.matched.push({ ...s.probes.shift(), ptsStart, arrivedAt: now });
+      }
     }
     if (!videoFrameCallbacks()) {
       // Without requestVideoFrameCallback we cannot see individual frames; count arrival as display.
@@ -585,16 +599,19 @@
 
   // ---------------------------------------------------------------- frames, fps, glass-to-glass
   //
-  // Glass-to-glass control latency (DESIGN §6 control_to_frame_s, client side). Method: every key
-  // change (press, release, control_state on blur, reset_pose) is a probe {seq, sentAt}. The server
-  // echoes with each chunk the last control seq it had folded in when it sampled that chunk's
-  // controls (applied_seq), so a chunk with applied_seq ≥ seq is the first one generated with that
-  // change. Its frames are paced out from about when its "chunk" message is sent, so we take the
-  // first video frame presented (requestVideoFrameCallback, expectedDisplayTime) after that message
-  // arrives as the first frame showing the change. Latency = that display time − sentAt. This is
-  // honest to within about one frame interval plus the jitter between the message and the frame
-  // paths (the data channel and the video track share the same transport); it does not use pts,
-  // whose clock the browser does not expose with a known origin.
+  // Glass-to-glass control latency (DESIGN §6 control_to_frame_s, client side). Method:
+  // 1. Every key change (press, release, control_state on blur, reset_pose) is a probe {seq, sentAt}
+  //    (sentAt = performance.now() when sent; also the message's `t`).
+  // 2. The server echoes with each chunk the last control seq it had folded in when it sampled that
+  //    chunk's controls (applied_seq). The first chunk with applied_seq ≥ seq is the first one
+  //    generated with the change; probes are matched to it when its "chunk" message arrives.
+  // 3. The chunk's first frame is the first video frame presented (requestVideoFrameCallback,
+  //    expectedDisplayTime) after that message arrived whose RTP pts ≥ the chunk's pts_start. RTP pts
+  //    come from metadata.rtpTimestamp relative to the session's first frame, which the server stamps
+  //    pts 0 (90 kHz clock). Without rtpTimestamp (or pts_start) it is simply the first frame presented
+  //    after the message, a lower bound when the server's pacer still holds earlier frames.
+  // Latency = that display time − sentAt: key press to photons, less the display's scan-out.
+  // Matches waiting longer than MATCH_GIVE_UP_MS (pts that never arrive) are dropped, not guessed.
 
   function videoFrameCallbacks() {
     return typeof el.video.requestVideoFrameCallback === "function";
@@ -610,7 +627,7 @@
           if (s.lastPresented !== null) frames = Math.max(1, meta.presentedFrames - s.lastPresented);
           s.lastPresented = meta.presentedFrames;
         }
-        onFramesShown(s, shown, frames);
+        onFramesShown(s, shown, frames, framePts(s, meta));
         s.rvfcHandle = el.video.requestVideoFrameCallback(onFrame);
       };
       s.rvfcHandle = el.video.requestVideoFrameCallback(onFrame);
@@ -642,7 +659,19 @@
     });
   }
 
-  function onFramesShown(s, at, frames) {
+  // The presented frame's pts on the server's 90 kHz clock, or null when the browser does not say.
+  function framePts(s, meta) {
+    if (!meta || typeof meta.rtpTimestamp !== "number") return null;
+    if (s.rtpOrigin === null) {
+      // The session's first frame has pts 0; if frames were presented before this callback, step back.
+      const fps = (modelInfo && modelInfo.fps) || 16;
+      const before = typeof meta.presentedFrames === "number" ? Math.max(0, Math.min(meta.presentedFrames - 1, 64)) : 0;
+      s.rtpOrigin = (meta.rtpTimestamp - before * Math.round(VIDEO_CLOCK_HZ / fps)) >>> 0;
+    }
+    return (meta.rtpTimestamp - s.rtpOrigin) >>> 0; // uint32 RTP clock wraps after ~13 h
+  }
+
+  function onFramesShown(s, at, frames, pts = null) {
     hook.stats.framesDisplayed += frames;
     s.frameTimes.push([at, frames]);
     while (s.frameTimes.length && s.frameTimes[0][0] < at - FPS_WINDOW_MS) s.frameTimes.shift();
@@ -654,8 +683,13 @@
       setState("streaming", "");
     }
     if (s.matched.length) {
-      for (const m of s.matched) recordLatency(s, at - m.sentAt);
-      s.matched = [];
+      s.matched = s.matched.filter((m) => {
+        if (pts === null || m.ptsStart === null || pts >= m.ptsStart) {
+          recordLatency(s, at - m.sentAt);
+          return false;
+        }
+        return performance.now() - m.arrivedAt < MATCH_GIVE_UP_MS;
+      });
     }
   }
 
