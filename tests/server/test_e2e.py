@@ -62,7 +62,7 @@ def server():
 
 
 async def test_stream_controls_and_clean_close(server) -> None:
-    url, proc, _ = server
+    url, _, _ = server
     use_loopback_if_local(url)
     client = WebRTCClient(url)
     client.run.keep_frames = 200
