@@ -4,10 +4,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # The CPU build of torch; override for CUDA machines, e.g. `make TORCH_SPEC=torch run`.
 TORCH_SPEC ?= torch==2.13.0
-RUN_ARGS ?= --model tiny --chunks 8 --seed 0 --out runs/replay.json --video runs/replay.mp4
+RUN_ARGS ?= --model tiny --placement cpu
+REPLAY_ARGS ?= --model tiny --chunks 8 --seed 0 --out runs/replay.json --video runs/replay.mp4
 PYTEST_ARGS ?=
 
-.PHONY: setup run test lint clean
+.PHONY: setup run replay test lint browser clean
 
 setup: $(VENV)/.installed
 
@@ -17,13 +18,26 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
+# The server with the embedded default model; prints the URL to open once it is warm.
 run: setup
-	$(PY) -m benchmarks.replay $(RUN_ARGS)
+	$(PY) -m server $(RUN_ARGS)
+
+# Headless: generate a video from the default control trace (runs/replay.mp4).
+replay: setup
+	$(PY) -m benchmarks.replay $(REPLAY_ARGS)
+
+# Debian's Chromium for the real-browser test. Installing needs root (CI runs as root); without it
+# the browser test is skipped with a message.
+browser:
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; \
+	  else echo "note: chromium is not installed (sudo make browser); the browser test will be skipped"; fi; \
+	fi
 
 lint: setup
 	$(PY) -m ruff check .
 
-test: lint
+test: lint browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:

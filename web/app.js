@@ -59,6 +59,8 @@
     stopBtn: $("stop-btn"),
     message: $("message"),
     panel: document.querySelector(".panel"),
+    tokenDetails: $("token-details"),
+    apiToken: $("api-token"),
   };
 
   // ---- test hook: read by tests/web/test_browser.py, updated live ----
@@ -88,6 +90,26 @@
   let lastBody = null; // the create body of the last session, for reconnects
   let reconnectAttempt = 0;
   let reconnectTimer = null;
+  // A server bound beyond loopback wants an API token on its REST routes. It comes from the form or
+  // from the page address (#token=…, removed from the address bar at once) and lives in sessionStorage.
+  let apiToken = readApiToken();
+
+  function readApiToken() {
+    const m = /(?:^#|&)token=([^&]+)/.exec(window.location.hash);
+    if (m) {
+      const token = decodeURIComponent(m[1]);
+      try {
+        sessionStorage.setItem("worldrtc.apiToken", token);
+      } catch (_) { /* storage disabled: keep it for this page only */ }
+      history.replaceState(null, "", window.location.pathname + window.location.search);
+      return token;
+    }
+    try {
+      return sessionStorage.getItem("worldrtc.apiToken") || "";
+    } catch (_) {
+      return "";
+    }
+  }
 
   // ---------------------------------------------------------------- REST
 
@@ -103,7 +125,7 @@
   async function api(method, path, body, token) {
     const headers = {};
     if (body !== undefined) headers["Content-Type"] = "application/json";
-    if (token) headers.Authorization = `Bearer ${token}`;
+    if (token || apiToken) headers.Authorization = `Bearer ${token || apiToken}`;
     let resp;
     try {
       resp = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
@@ -150,14 +172,25 @@
 
   // ---------------------------------------------------------------- model + start image
 
+  let modelRetryTimer = null;
+
   async function loadModel() {
+    clearTimeout(modelRetryTimer);
     try {
       modelInfo = await api("GET", "/v1/model");
     } catch (err) {
+      if (err instanceof ApiError && err.status === 401) {
+        el.modelName.textContent = "this server needs an API token";
+        el.tokenDetails.open = true;
+        showMessage(`${describeApiError(err, "The server refused the request")} Enter the API token below.`, true);
+        el.apiToken.focus();
+        return; // retried when the token changes
+      }
       const loading = err instanceof ApiError && (err.status === 503 || err.status === 0);
       el.modelName.textContent = loading ? "waiting for the server…" : "model unavailable";
       showMessage(`${describeApiError(err, "Could not load the model description")} Retrying…`, true);
-      setTimeout(loadModel, 2000);
+      clearTimeout(modelRetryTimer);
+      modelRetryTimer = setTimeout(loadModel, 2000);
       return;
     }
     hook.model = modelInfo;
@@ -207,7 +240,17 @@
       updateControls();
     });
     const img = document.createElement("img");
-    img.src = src;
+    if (apiToken && kind === "scene") {
+      // <img> cannot send an Authorization header; fetch the thumbnail and show it from a blob.
+      fetch(src, { headers: { Authorization: `Bearer ${apiToken}` } })
+        .then((r) => (r.ok ? r.blob() : null))
+        .then((blob) => {
+          if (blob) img.src = URL.createObjectURL(blob);
+        })
+        .catch(() => {});
+    } else {
+      img.src = src;
+    }
     img.alt = "";
     img.loading = "lazy";
     img.decoding = "async";
@@ -763,6 +806,7 @@
     const already = heldKeys(s).includes(key); // e.g. W held and ArrowUp pressed: same camera key
     s.heldCodes.set(code, key);
     if (!already) probe(s, send(s, { type: "control", key, action: "press" }));
+    renderHud();
   }
 
   function onKeyUp(ev) {
@@ -774,6 +818,7 @@
     ev.preventDefault();
     s.heldCodes.delete(code);
     if (!heldKeys(s).includes(key)) probe(s, send(s, { type: "control", key, action: "release" }));
+    renderHud();
   }
 
   function releaseAll() {
@@ -783,6 +828,7 @@
     current.heldCodes.clear();
     const sent = send(current, { type: "control_state", controls: [] });
     if (hadKeys) probe(current, sent);
+    renderHud();
   }
 
   function lockPointer() {
@@ -929,6 +975,16 @@
   });
   window.addEventListener("pagehide", () => {
     if (current && !current.closing) teardown(current, { sendStop: true });
+  });
+
+  el.apiToken.value = apiToken;
+  el.apiToken.addEventListener("change", () => {
+    apiToken = el.apiToken.value.trim();
+    try {
+      if (apiToken) sessionStorage.setItem("worldrtc.apiToken", apiToken);
+      else sessionStorage.removeItem("worldrtc.apiToken");
+    } catch (_) { /* storage disabled */ }
+    if (!modelInfo) loadModel();
   });
 
   el.videoBox.tabIndex = -1;

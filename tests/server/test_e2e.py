@@ -87,9 +87,12 @@ async def test_stream_controls_and_clean_close(server) -> None:
         client.channel.send('{"type": "teleport"}')
         client.channel.send("not json")
         client.channel.send('{"type": "look", "dx": "fast"}')
+        client.channel.send('{"type": "ping", "pad": "' + "x" * 5000 + '"}')
+        for _ in range(300):  # a flood well past 120 messages/s
+            client.channel.send('{"type": "ping"}')
         await asyncio.sleep(1.0)
         codes = [e["code"] for e in client.run.errors]
-        assert {"unknown_type", "bad_json", "bad_message"} <= set(codes), codes
+        assert {"unknown_type", "bad_json", "bad_message", "message_too_large", "rate_limited"} <= set(codes), codes
         frames_before = len(client.run.frame_times)
         await asyncio.sleep(1.5)
         assert len(client.run.frame_times) > frames_before
