@@ -76,6 +76,7 @@
       g2gP50Ms: null,
       g2gLastMs: null,
       g2gSamples: 0,
+      g2gMethod: null, // "rtp-pts" or "next-frame" (see the latency comment below)
       chunksReceived: 0,
       lastChunk: null,
       serverStats: null,
@@ -341,7 +342,7 @@
 
   function resetStats() {
     Object.assign(hook.stats, {
-      framesDisplayed: 0, fps: 0, firstFrameS: null, g2gP50Ms: null, g2gLastMs: null, g2gSamples: 0,
+      framesDisplayed: 0, fps: 0, firstFrameS: null, g2gP50Ms: null, g2gLastMs: null, g2gSamples: 0, g2gMethod: null,
       chunksReceived: 0, lastChunk: null, serverStats: null, rttMs: null,
     });
     hook.error = null;
@@ -637,6 +638,7 @@
       // Without requestVideoFrameCallback we cannot see individual frames; count arrival as display.
       for (const m of s.matched) recordLatency(s, now - m.sentAt);
       s.matched = [];
+      hook.stats.g2gMethod = "chunk-arrival";
     }
   }
 
@@ -728,6 +730,7 @@
     if (s.matched.length) {
       s.matched = s.matched.filter((m) => {
         if (pts === null || m.ptsStart === null || pts >= m.ptsStart) {
+          hook.stats.g2gMethod = pts === null || m.ptsStart === null ? "next-frame" : "rtp-pts";
           recordLatency(s, at - m.sentAt);
           return false;
         }
