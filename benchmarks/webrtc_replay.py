@@ -236,11 +236,12 @@ async def run_replay(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         await client.close()
     fps = client.run.ready["fps"] if client.run.ready else 16
-    async with httpx.AsyncClient(base_url=args.url, timeout=10) as http:
-        metrics_text = (await http.get("/metrics")).text
-    lag = [line for line in metrics_text.splitlines() if line.startswith("worldrtc_event_loop_lag_seconds")]
+    headers = {"authorization": f"Bearer {args.token}"} if args.token else {}
+    async with httpx.AsyncClient(base_url=args.url, timeout=30, headers=headers) as http:
+        engine = (await http.get("/v1/engine")).json()
     out = report(client.run, fps, args.duration_s, server)
-    out["server_loop_lag_metrics"] = lag
+    out["server_event_loop_lag_p99_s"] = engine.get("event_loop_lag_p99_s")
+    out["server_stage_busy_idle_s"] = engine.get("stage_busy_idle_s")
     return out
 
 
@@ -263,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         f"client FPS {result['client_fps'] or 0:.2f} ({result['frames_received']}/{result['frames_expected']} frames), "
         f"jitter p99 {1000 * (result['jitter_s']['p99'] or 0):.1f} ms, "
         f"first frame {result['first_frame_s'] or 0:.2f} s, "
-        f"glass-to-glass p50 {g2g['p50'] or 0:.2f} s p95 {g2g['p95'] or 0:.2f} s"
+        f"glass-to-glass p50 {g2g['p50'] or 0:.2f} s p95 {g2g['p95'] or 0:.2f} s, "
+        f"server event-loop lag p99 {1000 * (result['server_event_loop_lag_p99_s'] or 0):.1f} ms"
     )
     print(f"report: {args.out}")
     return 0

@@ -77,6 +77,7 @@
       g2gLastMs: null,
       g2gSamples: 0,
       g2gMethod: null, // "rtp-pts" or "next-frame" (see the latency comment below)
+      g2gLog: [],
       chunksReceived: 0,
       lastChunk: null,
       serverStats: null,
@@ -342,7 +343,7 @@
 
   function resetStats() {
     Object.assign(hook.stats, {
-      framesDisplayed: 0, fps: 0, firstFrameS: null, g2gP50Ms: null, g2gLastMs: null, g2gSamples: 0, g2gMethod: null,
+      framesDisplayed: 0, fps: 0, firstFrameS: null, g2gP50Ms: null, g2gLastMs: null, g2gSamples: 0, g2gMethod: null, g2gLog: [],
       chunksReceived: 0, lastChunk: null, serverStats: null, rttMs: null,
     });
     hook.error = null;
@@ -729,9 +730,16 @@
     }
     if (s.matched.length) {
       s.matched = s.matched.filter((m) => {
+        if (m.nextFrameAt === undefined) m.nextFrameAt = at;
         if (pts === null || m.ptsStart === null || pts >= m.ptsStart) {
           hook.stats.g2gMethod = pts === null || m.ptsStart === null ? "next-frame" : "rtp-pts";
           recordLatency(s, at - m.sentAt);
+          // Both estimates, for tests and for judging the method: the last few only.
+          hook.stats.g2gLog.push({
+            seq: m.seq, ptsStart: m.ptsStart, framePts: pts, chunkMs: m.arrivedAt - m.sentAt,
+            nextFrameMs: m.nextFrameAt - m.sentAt, shownMs: at - m.sentAt,
+          });
+          if (hook.stats.g2gLog.length > 20) hook.stats.g2gLog.shift();
           return false;
         }
         return performance.now() - m.arrivedAt < MATCH_GIVE_UP_MS;
