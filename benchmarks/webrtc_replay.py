@@ -116,15 +116,22 @@ class WebRTCClient:
         self.channel.send(json.dumps(msg))
         return self._seq
 
-    async def replay(self, trace: Trace, duration_s: float) -> None:
+    async def replay(self, trace: Trace, duration_s: float, loop: bool = True) -> None:
+        """Send the trace's messages on its clock (its `stop` ends a pass); with `loop`, start over until done."""
         t0 = time.perf_counter()
-        for event in trace.events:
-            wait = t0 + event.at_s - time.perf_counter()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            if time.perf_counter() - t0 > duration_s or event.message.get("type") == "stop":
+        offset = 0.0
+        period = trace.duration_s + 1.0
+        while time.perf_counter() - t0 < duration_s:
+            for event in trace.events:
+                wait = t0 + offset + event.at_s - time.perf_counter()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                if time.perf_counter() - t0 > duration_s or event.message.get("type") == "stop":
+                    break
+                self.send({k: v for k, v in event.message.items() if k not in ("seq", "t")})
+            if not loop:
                 break
-            self.send({k: v for k, v in event.message.items() if k not in ("seq", "t")})
+            offset += period
         rest = t0 + duration_s - time.perf_counter()
         if rest > 0:
             await asyncio.sleep(rest)
