@@ -292,9 +292,14 @@ class ServerSession:
         if self.state not in (SessionState.CONNECTING, SessionState.STREAMING):
             return
         rec = out.record
+        n = int(out.frames.shape[0])
         first_frame = self._frames_pushed
         self.pacer.push(out.frames, out.index, first_frame)
-        self._frames_pushed += int(out.frames.shape[0])
+        self._frames_pushed += n
+        # The pts this chunk's first frame will carry: every tick so far (repeats included) plus the
+        # frames queued ahead of it. Exact unless the pacer later drops or repeats before it.
+        step = self.pacer.pts_step
+        pts_start = (self.pacer.sent + self.pacer.depth - n) * step
         now = time.perf_counter()
         if self.state is SessionState.CONNECTING:
             self.state = SessionState.STREAMING
@@ -313,15 +318,14 @@ class ServerSession:
             if rec.frames_ready_t is not None:
                 ctf = rec.frames_ready_t - arrived
                 self.metrics.control_to_frame.observe(max(0.0, ctf))
-        step = 90_000 // self.settings.fps
         self._send(
             {
                 "type": "chunk",
                 "index": out.index,
                 "first_frame": first_frame,
-                "num_frames": int(out.frames.shape[0]),
-                "pts_start": first_frame * step,
-                "pts_end": (first_frame + int(out.frames.shape[0]) - 1) * step,
+                "num_frames": n,
+                "pts_start": pts_start,
+                "pts_end": pts_start + (n - 1) * step,
                 "applied_seq": applied,
                 "applied_keys": sorted(rec.control.keys) if rec.control is not None else [],
                 "timings": {f"{s.value}_s": tm.busy_s for s, tm in rec.stages.items()}

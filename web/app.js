@@ -9,7 +9,8 @@
   const PING_INTERVAL_MS = 1000; // the server closes sessions silent for 5 s
   const LOST_GRACE_MS = 3000; // pc "disconnected"/"failed" this long counts as a lost connection
   const ICE_GATHER_TIMEOUT_MS = 5000; // no trickle: wait for gathering, but not forever
-  const FIRST_FRAME_TIMEOUT_MS = 20000; // answer applied → first frame (server ICE connect limit is 15 s)
+  const CONNECT_TIMEOUT_MS = 20000; // answer applied → control channel open (the server's ICE limit is 15 s)
+  const FIRST_FRAME_TIMEOUT_MS = 90000; // channel open → first frame: model compute, generous for big models
   const LOOK_MIN_INTERVAL_MS = 33; // ≤ 30 look messages/s, well under the 120 messages/s limit
   const MAX_LOOK_PX = 10000;
   const RECONNECT_DELAYS_MS = [1000, 2000, 4000];
@@ -19,6 +20,7 @@
   const MAX_PENDING_PROBES = 256;
   const MATCH_GIVE_UP_MS = 5000;
   const VIDEO_CLOCK_HZ = 90000;
+  const PTS_SLACK_FRAMES = 8; // pacer's extra 4 frames + jitter buffer and decode
 
   // Physical key (event.code, layout independent) → the camera key the server understands.
   const KEY_MAP = {
@@ -332,6 +334,8 @@
       look: { dx: 0, dy: 0, lastSent: 0 },
       probes: [], // key changes not yet applied: {seq, sentAt}
       matched: [], // applied by a chunk that has arrived: {seq, sentAt, ptsStart, arrivedAt}
+      lastPts: null, // pts of the frame on screen
+      ptsImplausible: 0, // chunks whose pts_start could not be a frame in flight (see ptsPlausible)
       rtpOrigin: null, // RTP timestamp of pts 0 (first frame of the session), when the browser exposes it
       g2g: [],
       frameTimes: [], // [time, frames] for the fps window
@@ -343,8 +347,9 @@
 
   function resetStats() {
     Object.assign(hook.stats, {
-      framesDisplayed: 0, fps: 0, firstFrameS: null, g2gP50Ms: null, g2gLastMs: null, g2gSamples: 0, g2gMethod: null, g2gLog: [],
-      chunksReceived: 0, lastChunk: null, serverStats: null, rttMs: null,
+      framesDisplayed: 0, fps: 0, firstFrameS: null,
+      g2gP50Ms: null, g2gLastMs: null, g2gSamples: 0, g2gMethod: null, g2gLog: [],
+      chunksReceived: 0, lastChunk: null, serverStats: null, rttMs: null, ptsAheadFrames: null,
     });
     hook.error = null;
     el.hudError.textContent = "";
@@ -391,10 +396,8 @@
         { sdp: local.sdp, type: local.type }, s.token);
       if (!alive(s)) return;
       await pc.setRemoteDescription({ sdp: answer.sdp, type: answer.type || "answer" });
-      s.timers.firstFrame = setTimeout(() => {
-        fail(s, "No video arrived within 20 s of connecting. The network may block WebRTC (UDP), or the " +
-          "server may need a TURN server (GET /v1/ice-servers).", { retry: false });
-      }, FIRST_FRAME_TIMEOUT_MS);
+      armFirstFrameTimer(s, CONNECT_TIMEOUT_MS, "No connection within 20 s. The network may block WebRTC " +
+        "(UDP), or the server may need a TURN server (GET /v1/ice-servers).");
       startFrameWatch(s);
     } catch (err) {
       if (!alive(s)) return;
@@ -402,6 +405,16 @@
         : `Could not start the session: ${err && err.message ? err.message : err}`;
       fail(s, text, { retry: false });
     }
+  }
+
+  function armFirstFrameTimer(s, ms, text) {
+    clearTimeout(s.timers.firstFrame);
+    s.timers.firstFrame = setTimeout(function check() {
+      if (!alive(s) || s.firstFrameAt !== null) return;
+      // Hidden tabs present no frames, so the wait only counts while the page is visible.
+      if (document.hidden) s.timers.firstFrame = setTimeout(check, 1000);
+      else fail(s, text, { retry: false });
+    }, ms);
   }
 
   function alive(s) {
@@ -482,6 +495,7 @@
     if (!isControl) return;
     ch.onopen = () => {
       if (s !== current) return;
+      armFirstFrameTimer(s, FIRST_FRAME_TIMEOUT_MS, "Connected, but the server sent no video within 90 s.");
       // Keys pressed while connecting are sent as one state; then a heartbeat every second.
       send(s, { type: "control_state", controls: heldKeys(s) });
       s.timers.ping = setInterval(() => send(s, { type: "ping" }), PING_INTERVAL_MS);
@@ -622,6 +636,17 @@
     }
   }
 
+  // The server's pacer holds at most about one chunk (+4 frames), so a chunk's first frame goes out
+  // within that many frames of the one on screen when its message arrives. A pts_start further ahead
+  // is not on the RTP clock (a server that counts pts by frame index drifts by dropped − repeated).
+  function ptsPlausible(s, ptsStart, numFrames) {
+    const fps = (modelInfo && modelInfo.fps) || 16;
+    const step = Math.round(VIDEO_CLOCK_HZ / fps);
+    const ahead = (ptsStart - s.lastPts) / step;
+    hook.stats.ptsAheadFrames = ahead;
+    return ahead <= (numFrames || 16) + PTS_SLACK_FRAMES;
+  }
+
   function onChunk(s, msg) {
     const now = performance.now();
     hook.stats.chunksReceived += 1;
@@ -630,7 +655,11 @@
     if (s.chunkArrivals.length > 21) s.chunkArrivals.shift();
     const applied = msg.applied_seq;
     if (typeof applied === "number") {
-      const ptsStart = typeof msg.pts_start === "number" ? msg.pts_start : null;
+      let ptsStart = typeof msg.pts_start === "number" ? msg.pts_start : null;
+      if (ptsStart !== null && s.lastPts !== null && !ptsPlausible(s, ptsStart, msg.num_frames)) {
+        s.ptsImplausible += 1;
+        ptsStart = null; // not on the wire's clock: fall back to the next presented frame
+      }
       while (s.probes.length && s.probes[0].seq <= applied) {
         s.matched.push({ ...s.probes.shift(), ptsStart, arrivedAt: now });
       }
@@ -718,6 +747,7 @@
   }
 
   function onFramesShown(s, at, frames, pts = null) {
+    if (pts !== null) s.lastPts = pts;
     hook.stats.framesDisplayed += frames;
     s.frameTimes.push([at, frames]);
     while (s.frameTimes.length && s.frameTimes[0][0] < at - FPS_WINDOW_MS) s.frameTimes.shift();
@@ -882,6 +912,7 @@
     el.hudState.textContent = STATE_TEXT[state] || state;
     el.hudState.dataset.state = state;
     el.videoBox.classList.toggle("streaming", state === "streaming");
+    el.videoBox.dataset.state = state;
     const showOverlay = state !== "streaming";
     el.overlay.hidden = !showOverlay;
     el.overlay.classList.toggle("error", state === "error");
