@@ -15,7 +15,7 @@ from workers.models.components import load_vae
 from workers.models.presets import get_preset
 from workers.parallel.group import StageGroup
 from workers.parallel.halo import SpatialShard
-from workers.runtime.messages import ChunkDone, Command, DecodeChunk, OpenSession, Reply, SessionOpened
+from workers.runtime.messages import Command, DecodeChunk, OpenSession, Reply, SessionOpened
 from workers.runtime.servers import StageServer
 from workers.runtime.worker import WorkerSpec
 from workers.stages.decode import DecodeSession
@@ -41,15 +41,6 @@ class DecodeServer(StageServer):
             with self.timed() as timer:
                 frames = session.run_chunk(band)
             out = None if frames is None else self.publish(torch.from_numpy(frames))
-            yield ChunkDone(
-                stage,
-                rank,
-                msg.session_id,
-                msg.epoch,
-                msg.chunk_index,
-                timer.busy_s,
-                output=out,
-                acks=self.done_with(msg.latents),
-            )
+            yield self.chunk_done(msg, timer.busy_s, out, (msg.latents,))
         else:
             raise TypeError(f"decode stage cannot handle {type(msg).__name__}")

@@ -16,7 +16,7 @@ from workers.models.components import load_dit
 from workers.models.presets import get_preset
 from workers.parallel.group import StageGroup
 from workers.parallel.ulysses import SequenceParallel
-from workers.runtime.messages import ChunkDone, Command, DenoiseChunk, OpenSession, Reply, SessionOpened
+from workers.runtime.messages import Command, DenoiseChunk, OpenSession, Reply, SessionOpened
 from workers.runtime.servers import StageServer
 from workers.runtime.worker import WorkerSpec
 from workers.stages.denoise import DenoiseSession
@@ -58,15 +58,6 @@ class DitServer(StageServer):
                 cells = session.camera.next_chunk(msg.control, session.denoise.chunk)
                 latents = session.denoise.run_chunk(cond, cells)
             out = self.publish(latents, shard_dim=LATENT_ROW_DIM, num_shards=self.spec.output_shards)
-            yield ChunkDone(
-                stage,
-                rank,
-                msg.session_id,
-                msg.epoch,
-                msg.chunk_index,
-                timer.busy_s,
-                output=out,
-                acks=self.done_with(msg.cond),
-            )
+            yield self.chunk_done(msg, timer.busy_s, out, (msg.cond,))
         else:
             raise TypeError(f"DiT stage cannot handle {type(msg).__name__}")

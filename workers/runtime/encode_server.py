@@ -11,7 +11,7 @@ from workers.images import to_model_range
 from workers.models.components import load_text_encoder, load_vae
 from workers.models.presets import get_preset
 from workers.parallel.group import StageGroup
-from workers.runtime.messages import ChunkDone, Command, EncodeChunk, OpenSession, Reply, SessionOpened
+from workers.runtime.messages import Command, EncodeChunk, OpenSession, Reply, SessionOpened
 from workers.runtime.servers import StageServer
 from workers.runtime.worker import WorkerSpec
 from workers.stages.condition import ImageConditionStream, encode_prompt
@@ -39,16 +39,6 @@ class EncodeServer(StageServer):
             self.check_fault(msg.chunk_index)
             with self.timed() as timer:
                 cond = stream.next_chunk()
-            info = {"fixed_point": int(stream.fixed_point)}
-            yield ChunkDone(
-                stage,
-                rank,
-                msg.session_id,
-                msg.epoch,
-                msg.chunk_index,
-                timer.busy_s,
-                output=self.publish(cond),
-                info=info,
-            )
+            yield self.chunk_done(msg, timer.busy_s, self.publish(cond))
         else:
             raise TypeError(f"encode stage cannot handle {type(msg).__name__}")

@@ -438,8 +438,13 @@ class PipelineEngine:
 
     def _stage_died(self, stage: Stage, error: str) -> None:
         """A worker died or failed fatally: every session loses its stage state; fail them all."""
+        lost = self.stages[stage].inflight
         self._kill_stage(stage)
         for session in list(self.sessions.values()):
+            # The dead stage's command will never reply: forget it, and give back what it was reading.
+            session.inflight.pop(stage, None)
+            if lost is not None and lost.session_id == session.id:
+                self._release_unread(session, lost, [])
             if session.state in (SessionState.OPENING, SessionState.RUNNING, SessionState.CLOSING):
                 self._fail(session, error)
 

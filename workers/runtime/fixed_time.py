@@ -15,7 +15,6 @@ import torch
 from workers.models.presets import get_preset
 from workers.parallel.group import StageGroup
 from workers.runtime.messages import (
-    ChunkDone,
     Command,
     DecodeChunk,
     DenoiseChunk,
@@ -56,25 +55,20 @@ class FixedTimeServer(StageServer):
             return
         chunk = self.sessions[msg.session_id]
         self.check_fault(msg.chunk_index)
-        acks = ()
         if isinstance(msg, EncodeChunk):
             busy = self._hold()
-            out = self.publish(torch.zeros(1, 20, chunk, p.latent_height, p.latent_width))
+            yield self.chunk_done(msg, busy, self.publish(torch.zeros(1, 20, chunk, p.latent_height, p.latent_width)))
         elif isinstance(msg, DenoiseChunk):
             self.take(msg.cond)
-            acks = self.done_with(msg.cond)
             busy = self._hold()
-            out = self.publish(
-                torch.zeros(1, 16, chunk, p.latent_height, p.latent_width),
-                shard_dim=3,
-                num_shards=self.spec.output_shards,
-            )
+            latents = torch.zeros(1, 16, chunk, p.latent_height, p.latent_width)
+            out = self.publish(latents, shard_dim=3, num_shards=self.spec.output_shards)
+            yield self.chunk_done(msg, busy, out, (msg.cond,))
         elif isinstance(msg, DecodeChunk):
             self.take(msg.latents, shard_rank=rank)
-            acks = self.done_with(msg.latents)
             busy = self._hold()
             frames = 4 * chunk - 3 if msg.chunk_index == 0 else 4 * chunk
             out = self.publish(torch.zeros(frames, p.height_px, p.width_px, 3, dtype=torch.uint8))
+            yield self.chunk_done(msg, busy, out, (msg.latents,))
         else:
             raise TypeError(f"fixed-time stage cannot handle {type(msg).__name__}")
-        yield ChunkDone(stage, rank, msg.session_id, msg.epoch, msg.chunk_index, busy, output=out, acks=acks)

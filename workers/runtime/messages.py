@@ -8,7 +8,7 @@ input, so pickling them between our own processes is safe.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 import numpy as np
@@ -122,8 +122,7 @@ class ChunkDone:
     chunk_index: int
     busy_s: float  # compute time inside the worker (device-synchronised)
     output: TensorRef | None = None
-    acks: tuple[Ack, ...] = ()  # inputs consumed (copied) by this rank
-    info: dict[str, float | int | None] = field(default_factory=dict)
+    acks: tuple[Ack, ...] = ()  # inputs this rank has finished reading
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import torch
 from workers.parallel.group import StageGroup
 from workers.runtime.channel import Ack, ChannelConsumer, ChannelProducer, SlotGoneError, StaleAckError
 from workers.runtime.messages import (
+    ChunkDone,
     CloseSession,
     Command,
     QueryStats,
@@ -106,6 +107,14 @@ class StageServer:
         if self.producer is None:
             return None
         return self.producer.put(tensor, shard_dim=shard_dim, num_shards=num_shards)
+
+    def chunk_done(
+        self, msg: Any, busy_s: float, output: TensorRef | None, inputs: tuple[TensorRef, ...] = ()
+    ) -> ChunkDone:
+        """The reply to a chunk command, acking the inputs it read in place."""
+        stage, rank = self.spec.stage, self.spec.rank
+        acks = self.done_with(*inputs)
+        return ChunkDone(stage, rank, msg.session_id, msg.epoch, msg.chunk_index, busy_s, output=output, acks=acks)
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":

@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from tests.dist_util import run_ranks
+from tests.workers.models.test_dit import make_dit as make_test_dit
 from workers.models.dit import WanDiT
 from workers.models.kv_cache import KVCacheSpec, SessionKVCache, window_mask
-from workers.models.presets import DiTConfig
-from workers.models.random_init import init_random_weights
 from workers.models.sampler import FewStepSampler, FlowSchedule
 from workers.parallel.group import StageGroup
 from workers.parallel.ulysses import SequenceParallel
@@ -36,21 +35,7 @@ LATENT_ATOL = 1e-4
 
 
 def make_dit() -> WanDiT:
-    cfg = DiTConfig(
-        dim=HEADS * HEAD_DIM,
-        ffn_dim=128,
-        num_layers=2,
-        num_heads=HEADS,
-        freq_dim=32,
-        text_dim=16,
-        text_len=8,
-        camera_cell_pixels=8,
-        local_attn_size_frames=LOCAL,
-        sink_size_frames=SINK,
-    )
-    dit = WanDiT(cfg)
-    init_random_weights(dit, seed=0)
-    return dit.eval()
+    return make_test_dit(LOCAL, SINK)  # dim 64 = 4 heads × 16
 
 
 def inputs(seed: int) -> dict[str, torch.Tensor]:

@@ -166,12 +166,18 @@ def test_worker_exception_fails_only_its_session(tmp_path) -> None:
 
 
 def test_killed_worker_is_detected_and_replaced() -> None:
-    with PipelineEngine("tiny", PLACEMENTS["cpu"], "pipelined") as engine:
+    # A slowed DiT makes sure there is a command in flight to kill.
+    faults = {Stage.DIT: FaultSpec(max_delay_s=0.5)}
+    with PipelineEngine("tiny", PLACEMENTS["cpu"], "pipelined", faults=faults) as engine:
         c = Collector()
         engine.open_session(IMAGE, "", 4, control_source(CONTROLS), c.on_chunk, c.on_end)  # unbounded
         kind, _ = c.events.get(timeout=WAIT_S)
         assert kind == "chunk"
         dit_pid = engine.worker_pids()["dit"][0]
+        # Kill it mid-chunk, the hard case: its command never replies and its input slot is held.
+        deadline = time.monotonic() + 10
+        while engine.stages[Stage.DIT].inflight is None and time.monotonic() < deadline:
+            time.sleep(0.005)
         killed_at = time.monotonic()
         os.kill(dit_pid, signal.SIGKILL)
         while True:
