@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.codecs import set_video_bitrate
 from server.errors import BadRequest, Busy, Loading, NotFound, ServerError, TooLarge, Unauthorized, http_status
-from server.ice import keep_loopback_candidates, use_loopback_candidates
+from server.ice import keep_loopback_candidates, use_loopback_candidates, use_udp_port_range
 from server.metrics import LoopLagMonitor, Metrics
 from server.protocol import AnswerResponse, CreateSessionRequest, ErrorBody, OfferRequest, SessionInfo
 from server.scenes import scene_names, scene_path
@@ -88,6 +88,8 @@ def create_app(settings: Settings) -> FastAPI:
     state = AppState(settings)
     set_video_bitrate(settings.video_bitrate_bps, fps=settings.fps)
     use_loopback_candidates(settings.is_loopback)
+    ports = None if settings.udp_port_min is None else (settings.udp_port_min, settings.udp_port_max)
+    use_udp_port_range(ports)  # type: ignore[arg-type]
 
     async def load() -> None:
         t0 = time.monotonic()

@@ -4,12 +4,15 @@ aioice leaves 127.0.0.1 out of its host candidates, and browsers offer their LAN
 server bound to 127.0.0.1 only serves this machine, so it gathers a loopback host candidate and
 ignores non-loopback candidates in offers: media then never touches another interface. A server
 bound to a routable address uses aioice's normal gathering and the configured STUN/TURN servers.
+An optional UDP port range pins the host candidates' ports (for NAT rules and container mappings).
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import re
+from typing import Any
 
 import aioice.ice
 
@@ -38,3 +41,68 @@ def keep_loopback_candidates(sdp: str) -> str:
     lines = sdp.splitlines(keepends=True)
     kept = [line for line in lines if not (m := _CANDIDATE.match(line.strip())) or _is_loopback(m.group(1))]
     return "".join(kept)
+
+
+class _PortRange:
+    """Bind ICE host sockets to ports in [lo, hi] (for NAT rules and container port mappings).
+
+    aioice binds each host candidate with `create_datagram_endpoint(local_addr=(ip, 0))`; while an
+    ICE connection gathers, that call on the running loop is routed through a binder that tries the
+    range's ports in turn. Installed per gathering (reference-counted), so nothing else is affected
+    once gathering ends.
+    """
+
+    def __init__(self, lo: int, hi: int) -> None:
+        if not 1 <= lo <= hi <= 65535:
+            raise ValueError(f"bad UDP port range {lo}-{hi}")
+        self.lo, self.hi = lo, hi
+        self._next = lo
+        self._active = 0
+
+    def ports(self) -> list[int]:
+        span = self.hi - self.lo + 1
+        start = self._next - self.lo
+        self._next = self.lo + (start + 1) % span  # rotate so sessions do not all probe the same port first
+        return [self.lo + (start + i) % span for i in range(span)]
+
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._active == 0:
+            original = type(loop).create_datagram_endpoint.__get__(loop)
+
+            async def bounded(factory: Any, local_addr: Any = None, **kw: Any) -> Any:
+                if local_addr is None or local_addr[1] != 0:
+                    return await original(factory, local_addr=local_addr, **kw)
+                for port in self.ports():
+                    try:
+                        return await original(factory, local_addr=(local_addr[0], port), **kw)
+                    except OSError:
+                        continue
+                raise OSError(f"no free UDP port in {self.lo}-{self.hi} on {local_addr[0]}")
+
+            loop.create_datagram_endpoint = bounded  # type: ignore[method-assign]
+        self._active += 1
+
+    def uninstall(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._active -= 1
+        if self._active == 0:
+            del loop.create_datagram_endpoint  # back to the class's method
+
+
+def use_udp_port_range(port_range: tuple[int, int] | None) -> None:
+    """Process-wide: ICE host candidates bind inside `port_range`, or anywhere (None)."""
+    ranged = None if port_range is None else _PortRange(*port_range)
+
+    async def get_component_candidates(self: Any, component: int, addresses: list[str], timeout: int = 5) -> Any:
+        if ranged is None:
+            return await _original_gather(self, component, addresses, timeout)
+        loop = asyncio.get_running_loop()
+        ranged.install(loop)
+        try:
+            return await _original_gather(self, component, addresses, timeout)
+        finally:
+            ranged.uninstall(loop)
+
+    aioice.ice.Connection.get_component_candidates = get_component_candidates  # type: ignore[method-assign]
+
+
+_original_gather = aioice.ice.Connection.get_component_candidates
