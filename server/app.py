@@ -213,6 +213,7 @@ def create_app(settings: Settings) -> FastAPI:
                 k: {"busy_s": v["busy_s"], "idle_s": v["idle_s"]} for k, v in state.engine.stage_report().items()
             },
             "event_loop_lag_p99_s": state.lag.p99_s(),
+            "event_loop_tasks": len(asyncio.all_tasks()),
         }
 
     @app.get("/metrics")
@@ -230,9 +231,29 @@ def create_app(settings: Settings) -> FastAPI:
         require_ready()
         if state.active_sessions() >= settings.max_sessions:
             raise Busy(f"all {settings.max_sessions} session slots are in use; retry later", retry_after_s=5)
+        if body.fps is not None and 90_000 % body.fps:
+            raise BadRequest(
+                f"fps {body.fps} does not divide the 90 kHz video clock; use e.g. 10, 12, 15, 16, 20, 24, 25, 30"
+            )
+        dit = state.preset.dit
+        if body.chunk_frames is not None and dit.local_attn_size_frames != -1:
+            room = dit.local_attn_size_frames - dit.sink_size_frames - 1
+            if body.chunk_frames > room:
+                raise BadRequest(
+                    f"chunk_frames {body.chunk_frames} does not fit the attention window; use at most {room}"
+                )
         image = await asyncio.to_thread(_start_image, body, state)
         session = ServerSession(
-            state.engine, state.preset, settings, state.metrics, image, body.prompt, body.seed, body.max_duration_s
+            state.engine,
+            state.preset,
+            settings,
+            state.metrics,
+            image,
+            body.prompt,
+            body.seed,
+            body.max_duration_s,
+            fps=body.fps,
+            chunk_latent_frames=body.chunk_frames,
         )
         state.sessions[session.id] = session
         session_closed_cleanup(session)

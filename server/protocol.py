@@ -143,6 +143,10 @@ class CreateSessionRequest(BaseModel):
     image: str | None = Field(default=None, description="start image as a data URL (base64 PNG/JPEG)")
     prompt: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)] = ""
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+    fps: Annotated[int, Field(ge=1, le=60, description="video frame rate (must divide 90000)")] | None = None
+    chunk_frames: (
+        Annotated[int, Field(ge=1, le=16, description="latent frames per chunk (4 video frames each)")] | None
+    ) = None
     max_duration_s: Annotated[float, Field(gt=0, le=24 * 3600)] | None = None
 
 

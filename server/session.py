@@ -74,19 +74,23 @@ class ServerSession:
         prompt: str,
         seed: int,
         max_duration_s: float | None,
+        fps: int | None = None,
+        chunk_latent_frames: int | None = None,
     ) -> None:
         self.id = secrets.token_hex(8)
         self.token = secrets.token_urlsafe(24)
         self.engine, self.preset, self.settings, self.metrics = engine, preset, settings, metrics
         self.image, self.prompt, self.seed = image, prompt, seed
         self.max_duration_s = max_duration_s or settings.max_session_s
+        self.fps = fps or settings.fps
+        self.chunk_latent_frames = chunk_latent_frames or preset.chunk_latent_frames
         self.state = SessionState.CREATED
         self.created_t = time.monotonic()
         self.error: str | None = None
         self.loop = asyncio.get_running_loop()
         self.pc: RTCPeerConnection | None = None
         self.channel: Any = None
-        self.pacer = Pacer(settings.fps, max_frames=4 * preset.chunk_latent_frames + 4)
+        self.pacer = Pacer(self.fps, max_frames=4 * self.chunk_latent_frames + 4)
         self.track: PacedVideoTrack | None = None
         self.engine_session: str | None = None
         self._controls = ControlState()
@@ -117,8 +121,8 @@ class ServerSession:
             "model": p.name,
             "width": p.width_px,
             "height": p.height_px,
-            "fps": self.settings.fps,
-            "chunk_frames": 4 * p.chunk_latent_frames,
+            "fps": self.fps,
+            "chunk_frames": 4 * self.chunk_latent_frames,
             "error": self.error,
             "metrics": {
                 "chunks": self.chunks,
@@ -178,7 +182,7 @@ class ServerSession:
         if self.pc is not None:
             await self.pc.close()
         self.state = SessionState.FAILED if failed else SessionState.CLOSED
-        log.info("session %s %s: %s", self.id, self.state.value, reason)
+        log.info("session=%s state=%s reason=%r", self.id, self.state.value, reason)
         self._closed.set()
 
     # ---- peer connection and data channel ----
@@ -222,8 +226,8 @@ class ServerSession:
                 "weights": p.weights_note,
                 "width": p.width_px,
                 "height": p.height_px,
-                "fps": self.settings.fps,
-                "chunk_frames": 4 * p.chunk_latent_frames,
+                "fps": self.fps,
+                "chunk_frames": 4 * self.chunk_latent_frames,
             }
         )
         self._open_t = time.monotonic()
@@ -234,6 +238,7 @@ class ServerSession:
             self._sample_control,
             lambda out: self.loop.call_soon_threadsafe(self._on_chunk, out),
             lambda sid, err: self.loop.call_soon_threadsafe(self._on_engine_end, err),
+            chunk_latent_frames=self.chunk_latent_frames,
         )
         self._spawn(self._watch_heartbeat(), "heartbeat")
         self._spawn(self._send_stats(), "stats")
@@ -278,7 +283,7 @@ class ServerSession:
         flight for this viewer. Generating further ahead would only add glass-to-glass latency
         (controls are sampled here) and overflow the pacer.
         """
-        frames = 4 * self.preset.chunk_latent_frames
+        frames = 4 * self.chunk_latent_frames
         ahead = (self._dispatched_frames - self._frames_pushed) + self.pacer.depth
         if chunk_index > 0 and ahead >= frames:
             return None
@@ -374,7 +379,7 @@ class ServerSession:
                     "frames_dropped": p.dropped,
                     "frames_repeated": p.repeated,
                     "chunk_period_p50_s": info["chunk_period_p50_s"],
-                    "fps": self.settings.fps,
+                    "fps": self.fps,
                 }
             )
 

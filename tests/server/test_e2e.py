@@ -64,6 +64,7 @@ def server():
 async def test_stream_controls_and_clean_close(server) -> None:
     url, _, _ = server
     use_loopback_if_local(url)
+    tasks_idle = httpx.get(f"{url}/v1/engine").json()["event_loop_tasks"]
     client = WebRTCClient(url)
     client.run.keep_frames = 200
     await client.start("countryside", "a walk", seed=1)
@@ -112,6 +113,8 @@ async def test_stream_controls_and_clean_close(server) -> None:
         assert engine["sessions"] == {}
         assert engine["outstanding_slots"] == 0 and engine["counters"]["leaked_slots"] == 0
         assert all(st["slots_in_use"] == 0 and st["sessions"] == 0 for st in engine["stages"].values())
+        # The session's tasks are gone too (the closed session lingers only as a record for GET).
+        assert engine["event_loop_tasks"] <= tasks_idle + 1, (engine["event_loop_tasks"], tasks_idle)
 
 
 def test_shutdown_leaves_nothing(server) -> None:
@@ -119,8 +122,13 @@ def test_shutdown_leaves_nothing(server) -> None:
     assert workers, "the server runs stage workers"
     proc.send_signal(signal.SIGINT)
     assert proc.wait(60) == 0
+    # Children (stage workers, and multiprocessing's resource tracker) go with the server; allow
+    # them a moment to notice.
+    deadline = time.monotonic() + 5
+    while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
     for pid in workers:
-        assert not _running(pid), f"worker {pid} outlived the server"
+        assert not _running(pid), f"child {pid} outlived the server"
         assert leaked_segments(pid) == []
 
 

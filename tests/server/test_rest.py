@@ -104,6 +104,9 @@ def test_bad_create_requests(client: TestClient) -> None:
     assert_error(client.post("/v1/sessions", json={"image": garbage}), 400, "bad_request", "unreadable image")
     assert_error(client.post("/v1/sessions", json={"scene": "countryside", "seed": -1}), 422, "bad_request", "seed")
     assert_error(client.post("/v1/sessions", json={"scene": "countryside", "extra": 1}), 422, "bad_request", "extra")
+    assert_error(client.post("/v1/sessions", json={"scene": "countryside", "fps": 7}), 400, "bad_request", "90 kHz")
+    too_long = {"scene": "countryside", "chunk_frames": 12}
+    assert_error(client.post("/v1/sessions", json=too_long), 400, "bad_request", "attention window")
     huge = "data:image/png;base64," + "A" * (15 * 1024 * 1024)
     assert_error(client.post("/v1/sessions", json={"image": huge}), 413, "too_large")
     assert client.get("/v1/sessions").status_code == 200  # the server keeps working
