@@ -90,7 +90,9 @@ class ServerSession:
         self.loop = asyncio.get_running_loop()
         self.pc: RTCPeerConnection | None = None
         self.channel: Any = None
-        self.pacer = Pacer(self.fps, max_frames=4 * self.chunk_latent_frames + 4)
+        # Flow control (see _sample_control) keeps under one chunk buffered when a chunk starts, so at
+        # most two chunks can sit here; the bound only drops frames if that contract breaks.
+        self.pacer = Pacer(self.fps, max_frames=2 * 4 * self.chunk_latent_frames + 4)
         self.track: PacedVideoTrack | None = None
         self.engine_session: str | None = None
         self._controls = ControlState()
