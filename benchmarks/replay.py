@@ -176,7 +176,7 @@ def _run_pipeline(args: argparse.Namespace, trace: Trace, rec: Recorder, preset:
                     raise RuntimeError(f"session failed: {item[1]}")
                 break
             r = item.record
-            s = {name: r.stages[stage] for name, stage in zip(STAGES, r.stages, strict=True)}
+            s = {stage.value: timing for stage, timing in r.stages.items()}
             assert r.frames_ready_t is not None and r.control is not None
             rec.add(
                 item.frames,

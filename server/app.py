@@ -41,7 +41,6 @@ from workers.runtime.placement import get_placement
 
 log = logging.getLogger("worldrtc.server")
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
-CLOSED_SESSION_KEEP_S = 60.0  # closed sessions stay visible to GET this long, then are forgotten
 DATA_URL_OVERHEAD = 4 / 3  # base64
 
 
@@ -63,6 +62,7 @@ class AppState:
         self.metrics = Metrics()
         self.lag = LoopLagMonitor(self.metrics)
         self.sessions: dict[str, ServerSession] = {}
+        self.tasks: set[asyncio.Task[None]] = set()  # app-owned background tasks, cancelled at shutdown
         self.ready = False
         self.load_error: str | None = None
         self.ready_s: float | None = None
@@ -113,8 +113,9 @@ def create_app(settings: Settings) -> FastAPI:
             yield
         finally:
             await asyncio.gather(*(s.close("server shutting down") for s in list(state.sessions.values())))
-            loader.cancel()
-            await asyncio.gather(loader, return_exceptions=True)
+            for task in (loader, *state.tasks):
+                task.cancel()
+            await asyncio.gather(loader, *state.tasks, return_exceptions=True)
             await asyncio.to_thread(state.engine.shutdown)
             await state.lag.stop()
 
@@ -260,13 +261,15 @@ def create_app(settings: Settings) -> FastAPI:
         return session.info() | {"token": session.token}
 
     def session_closed_cleanup(session: ServerSession) -> None:
+        # Owned by the app, not the session: the session cancels its own tasks when it closes.
         async def forget() -> None:
-            await session._closed.wait()
-            await asyncio.sleep(CLOSED_SESSION_KEEP_S)
+            await session.wait_closed()
+            await asyncio.sleep(settings.closed_session_keep_s)
             state.sessions.pop(session.id, None)
 
         task = asyncio.get_running_loop().create_task(forget(), name=f"forget-{session.id}")
-        session._tasks.add(task)  # owned by the session, cancelled only if the server shuts down first
+        state.tasks.add(task)
+        task.add_done_callback(state.tasks.discard)
 
     @app.get("/v1/sessions", dependencies=[Depends(require_token)])
     async def list_sessions() -> dict[str, Any]:

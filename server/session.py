@@ -187,6 +187,9 @@ class ServerSession:
         log.info("session=%s state=%s reason=%r", self.id, self.state.value, reason)
         self._closed.set()
 
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
     # ---- peer connection and data channel ----
 
     def _on_connection_state(self) -> None:

@@ -39,6 +39,7 @@ class Settings(BaseSettings):
     max_session_s: float | None = None
     drain_timeout_s: float = 30.0
     stats_interval_s: float = 1.0
+    closed_session_keep_s: float = 60.0  # a closed session stays visible to GET this long
 
     @field_validator("udp_port_max")
     @classmethod

@@ -30,7 +30,9 @@ def wait_ready(client: TestClient) -> None:
 
 @pytest.fixture(scope="module")
 def client():
-    app = create_app(Settings(model="tiny", placement="cpu", max_sessions=2, offer_timeout_s=30))
+    app = create_app(
+        Settings(model="tiny", placement="cpu", max_sessions=2, offer_timeout_s=30, closed_session_keep_s=0.5)
+    )
     with TestClient(app) as c:
         wait_ready(c)
         yield c
@@ -84,8 +86,10 @@ def test_session_lifecycle(client: TestClient) -> None:
     deleted = client.delete(f"/v1/sessions/{sid}").json()
     assert deleted["state"] == "closed"
     assert client.delete(f"/v1/sessions/{r.json()['session_id']}").json()["state"] == "closed"
-    # An offer after close is refused.
+    # An offer after close is refused; a little later the closed session is forgotten.
     assert_error(client.post(f"/v1/sessions/{sid}/offer", json={"sdp": "v=0", "type": "offer"}), 409, "conflict")
+    time.sleep(1.0)
+    assert_error(client.get(f"/v1/sessions/{sid}"), 404, "not_found")
 
 
 def test_bad_create_requests(client: TestClient) -> None:

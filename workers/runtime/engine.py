@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from workers.models.camera import ChunkControl
 from workers.models.presets import ModelPreset, get_preset
@@ -249,7 +250,7 @@ class PipelineEngine:
         self.start_timeout_s = start_timeout_s
         self.stages = {s: StageWorkers(s, tuple(getattr(placement, s.value))) for s in STAGES}
         self.sessions: dict[str, EngineSession] = {}
-        self.consumer = ChannelConsumer(__import__("torch").device("cpu"))
+        self.consumer = ChannelConsumer(torch.device("cpu"))  # frames arrive in host shared memory
         self.counters = {"late_results_dropped": 0, "leaked_slots": 0, "worker_restarts": 0, "sessions_failed": 0}
         self._epochs = itertools.count(1)
         self._requests: queue.Queue[Callable[[], None]] = queue.Queue()
