@@ -1,0 +1,36 @@
+"""A procedural 3D place rendered in numpy: training data and a CPU stand-in for a world model.
+
+Conventions, shared with workers/models/camera.py: OpenCV camera-to-world poses (x right, y down,
+z forward); the world frame is the start camera's frame (eye at the origin, floor at
+y = +eye_height_m); yaw positive turns right, pitch positive looks up, moves are horizontal along
+the heading. See map.py (layout and units), render.py (ray casting) and paths.py (chunk geometry,
+walls and random walks).
+"""
+
+from workers.world.map import MapConfig, WorldMap, generate_map
+from workers.world.paths import (
+    PathPoses,
+    chunk_video_frames,
+    free_distance,
+    random_controls,
+    render_path,
+    simulate_path,
+)
+from workers.world.render import RenderLayers, render_layers, render_view
+from workers.world.world import World
+
+__all__ = [
+    "MapConfig",
+    "PathPoses",
+    "RenderLayers",
+    "World",
+    "WorldMap",
+    "chunk_video_frames",
+    "free_distance",
+    "generate_map",
+    "random_controls",
+    "render_layers",
+    "render_path",
+    "render_view",
+    "simulate_path",
+]
