@@ -7,13 +7,13 @@ printed once the model is loaded and warm.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 import uvicorn
 from pydantic import ValidationError
 
 from server.app import create_app
+from server.logs import configure_logging
 from server.settings import Settings
 from workers.runtime.placement import PlacementError
 
@@ -29,17 +29,16 @@ def parse_args(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--fps", type=int, help="video frame rate (default 16)")
     p.add_argument("--api-token", help="require this bearer token (mandatory off loopback)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--log-format", default="text", choices=("text", "json"), help="json: one object per line")
     args = vars(p.parse_args(argv))
-    log_level = args.pop("log_level")
-    overrides = {k: v for k, v in args.items() if v is not None}
-    overrides["_log_level"] = log_level
-    return overrides
+    logging_opts = {"_log_level": args.pop("log_level"), "_log_format": args.pop("log_format")}
+    return {k: v for k, v in args.items() if v is not None} | logging_opts
 
 
 def main(argv: list[str] | None = None) -> int:
     overrides = parse_args(argv)
     log_level = str(overrides.pop("_log_level"))
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(log_level, str(overrides.pop("_log_format")))
     try:
         settings = Settings(**overrides)  # type: ignore[arg-type]
         app = create_app(settings)

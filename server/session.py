@@ -184,7 +184,13 @@ class ServerSession:
         if self.pc is not None:
             await self.pc.close()
         self.state = SessionState.FAILED if failed else SessionState.CLOSED
-        log.info("session=%s state=%s reason=%r", self.id, self.state.value, reason)
+        log.info(
+            "session %s %s: %s",
+            self.id,
+            self.state.value,
+            reason,
+            extra={"session_id": self.id, "state": self.state.value, "reason": reason},
+        )
         self._closed.set()
 
     async def wait_closed(self) -> None:
