@@ -38,13 +38,13 @@ def make_dit(local: int, sink: int) -> WanDiT:
     return dit.eval()
 
 
-def inputs(seed: int) -> dict[str, torch.Tensor]:
+def inputs(seed: int, frames: int = CHUNK * NUM_CHUNKS) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    frames = CHUNK * NUM_CHUNKS
     return {
         "cond": torch.randn(1, 20, frames, LAT_H, LAT_W, generator=g),
         "cam": torch.randn(1, 384, frames, LAT_H, LAT_W, generator=g),
         "text": torch.randn(5, 16, generator=g),
+        "x": torch.randn(1, 16, frames, LAT_H, LAT_W, generator=g),
     }
 
 

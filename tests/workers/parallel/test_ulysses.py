@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.dist_util import run_ranks
+from tests.workers.models.test_dit import inputs as dit_inputs
 from tests.workers.models.test_dit import make_dit as make_test_dit
 from workers.models.dit import WanDiT
 from workers.models.kv_cache import KVCacheSpec, SessionKVCache, window_mask
@@ -39,14 +40,7 @@ def make_dit() -> WanDiT:
 
 
 def inputs(seed: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    frames = CHUNK * NUM_CHUNKS
-    return {
-        "cond": torch.randn(1, 20, frames, LAT_H, LAT_W, generator=g),
-        "cam": torch.randn(1, 384, frames, LAT_H, LAT_W, generator=g),
-        "text": torch.randn(5, 16, generator=g),
-        "x": torch.randn(1, 16, frames, LAT_H, LAT_W, generator=g),
-    }
+    return dit_inputs(seed, CHUNK * NUM_CHUNKS)
 
 
 def new_cache(heads: int) -> SessionKVCache:
