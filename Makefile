@@ -4,8 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # The CPU build of torch; override for CUDA machines, e.g. `make TORCH_SPEC=torch run`.
 TORCH_SPEC ?= torch==2.13.0
-RUN_ARGS ?= --model tiny --placement cpu
-REPLAY_ARGS ?= --model tiny --chunks 8 --seed 0 --out runs/replay.json --video runs/replay.mp4
+RUN_ARGS ?= --placement cpu
+REPLAY_ARGS ?= --chunks 8 --seed 0 --out runs/replay.json --video runs/replay.mp4
 PYTEST_ARGS ?=
 
 .PHONY: setup run replay test lint browser clean

@@ -35,7 +35,7 @@ from benchmarks.trace import Trace, TraceReplayer
 from benchmarks.video import Mp4Writer
 from workers.images import fit_image, read_image
 from workers.models.camera import ChunkControl
-from workers.models.presets import PRESETS, ModelPreset, get_preset
+from workers.models.presets import DEFAULT_PRESET, PRESETS, ModelPreset, get_preset
 from workers.runtime.placement import PLACEMENTS, get_placement
 from workers.serial_engine import SerialEngine
 
@@ -47,15 +47,20 @@ STAGES = ("encode", "dit", "decode")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.replay", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="tiny", choices=sorted(PRESETS), help="model preset")
-    p.add_argument("--checkpoint", type=Path, default=None, help="checkpoint directory (default: random weights)")
+    p.add_argument("--model", default=DEFAULT_PRESET, choices=sorted(PRESETS), help="model preset")
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="checkpoint directory (default: bundled weights)",
+    )
     p.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="control trace (TeleFuser shape)")
     p.add_argument("--chunks", type=int, default=8, help="number of chunks to generate")
     p.add_argument("--chunk-frames", type=int, default=None, help="latent frames per chunk (preset default)")
     p.add_argument("--seed", type=int, default=0, help="session seed (noise)")
     p.add_argument("--weights-seed", type=int, default=0, help="seed of random weights when no checkpoint")
     p.add_argument("--image", type=Path, default=DEFAULT_IMAGE, help="start image")
-    p.add_argument("--prompt", default="a quiet countryside path on a sunny day", help="text prompt")
+    p.add_argument("--prompt", default="", help="text prompt")
     p.add_argument("--placement", default="cpu", help=f"one of {sorted(PLACEMENTS)} or a placement .json")
     p.add_argument("--schedule", default="pipelined", choices=("pipelined", "serial"), help="A/B schedule")
     p.add_argument("--in-process", action="store_true", help="run the serial reference engine in this process")

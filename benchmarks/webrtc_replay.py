@@ -84,7 +84,7 @@ class WebRTCClient:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._open = asyncio.Event()
 
-    async def start(self, scene: str = "countryside", prompt: str = "", seed: int = 0) -> dict[str, Any]:
+    async def start(self, scene: str = "main-street", prompt: str = "", seed: int = 0) -> dict[str, Any]:
         r = await self.http.post("/v1/sessions", json={"scene": scene, "prompt": prompt, "seed": seed})
         if r.status_code != 201:
             raise RuntimeError(f"create session: {r.status_code} {r.text}")
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", default="http://127.0.0.1:8000")
     p.add_argument("--trace", type=Path, default=ASSETS / "default_trace.json")
     p.add_argument("--duration-s", type=float, default=60.0)
-    p.add_argument("--scene", default="countryside")
+    p.add_argument("--scene", default="main-street")
     p.add_argument("--prompt", default="")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--token", default=None, help="API token, if the server requires one")

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from server.app import create_app
 from server.logs import configure_logging
 from server.settings import Settings
+from workers.models.presets import DEFAULT_PRESET
 from workers.runtime.placement import PlacementError
 
 
@@ -22,7 +23,7 @@ def parse_args(argv: list[str] | None = None) -> dict[str, object]:
     p = argparse.ArgumentParser(prog="python -m server", description="worldrtc: a real-time world-model server")
     p.add_argument("--host", help="bind address (default 127.0.0.1; others need an API token)")
     p.add_argument("--port", type=int, help="HTTP port (default 8000)")
-    p.add_argument("--model", help="model preset (default tiny)")
+    p.add_argument("--model", help=f"model preset (default {DEFAULT_PRESET})")
     p.add_argument("--placement", help="placement preset or .json (default cpu)")
     p.add_argument("--checkpoint-dir", help="checkpoint directory (default: the preset's built-in weights)")
     p.add_argument("--max-sessions", type=int, help="concurrent sessions (default 2)")

@@ -7,13 +7,15 @@ import ipaddress
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from workers.models.presets import DEFAULT_PRESET
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="WORLDRTC_", frozen=True)
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
-    model: str = "tiny"
+    model: str = DEFAULT_PRESET
     placement: str = "cpu"
     checkpoint_dir: str | None = None
     weights_seed: int = 0

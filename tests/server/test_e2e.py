@@ -67,7 +67,7 @@ async def test_stream_controls_and_clean_close(server) -> None:
     tasks_idle = httpx.get(f"{url}/v1/engine").json()["event_loop_tasks"]
     client = WebRTCClient(url)
     client.run.keep_frames = 200
-    await client.start("countryside", "a walk", seed=1)
+    await client.start("main-street", "a walk", seed=1)
     try:
         deadline = time.monotonic() + 60
         while len(client.run.frame_times) < 20 and time.monotonic() < deadline:

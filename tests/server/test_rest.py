@@ -59,7 +59,7 @@ def test_health_ready_model_scenes_ice_metrics_openapi(client: TestClient) -> No
     assert (m["model"], m["width"], m["height"], m["fps"], m["chunk_frames"]) == ("tiny", 128, 128, 16, 16)
     assert "random weights" in m["weights"]
     names = [s["name"] for s in m["scenes"]]
-    assert "countryside" in names
+    assert "main-street" in names
     png = client.get(m["scenes"][0]["url"])
     assert png.status_code == 200 and png.headers["content-type"] == "image/png" and png.content[:4] == b"\x89PNG"
     assert_error(client.get("/v1/scenes/nope"), 404, "not_found", "nope")
@@ -73,7 +73,7 @@ def test_health_ready_model_scenes_ice_metrics_openapi(client: TestClient) -> No
 
 
 def test_session_lifecycle(client: TestClient) -> None:
-    r = client.post("/v1/sessions", json={"scene": "countryside", "prompt": "a walk", "seed": 3})
+    r = client.post("/v1/sessions", json={"scene": "main-street", "prompt": "a walk", "seed": 3})
     assert r.status_code == 201, r.text
     info = r.json()
     sid = info["session_id"]
@@ -100,16 +100,16 @@ def test_bad_create_requests(client: TestClient) -> None:
     )
     assert_error(client.post("/v1/sessions", json={"scene": "atlantis"}), 400, "bad_request", "unknown scene")
     assert_error(client.post("/v1/sessions", json={}), 400, "bad_request", "exactly one")
-    both = {"scene": "countryside", "image": png_data_url()}
+    both = {"scene": "main-street", "image": png_data_url()}
     assert_error(client.post("/v1/sessions", json=both), 400, "bad_request", "exactly one")
     assert_error(client.post("/v1/sessions", json={"image": "http://x/y.png"}), 400, "bad_request", "data URL")
     assert_error(client.post("/v1/sessions", json={"image": "data:image/png;base64,@@@"}), 400, "bad_request", "base64")
     garbage = "data:image/png;base64," + base64.b64encode(b"not an image at all").decode()
     assert_error(client.post("/v1/sessions", json={"image": garbage}), 400, "bad_request", "unreadable image")
-    assert_error(client.post("/v1/sessions", json={"scene": "countryside", "seed": -1}), 422, "bad_request", "seed")
-    assert_error(client.post("/v1/sessions", json={"scene": "countryside", "extra": 1}), 422, "bad_request", "extra")
-    assert_error(client.post("/v1/sessions", json={"scene": "countryside", "fps": 7}), 400, "bad_request", "90 kHz")
-    too_long = {"scene": "countryside", "chunk_frames": 12}
+    assert_error(client.post("/v1/sessions", json={"scene": "main-street", "seed": -1}), 422, "bad_request", "seed")
+    assert_error(client.post("/v1/sessions", json={"scene": "main-street", "extra": 1}), 422, "bad_request", "extra")
+    assert_error(client.post("/v1/sessions", json={"scene": "main-street", "fps": 7}), 400, "bad_request", "90 kHz")
+    too_long = {"scene": "main-street", "chunk_frames": 12}
     assert_error(client.post("/v1/sessions", json=too_long), 400, "bad_request", "attention window")
     huge = "data:image/png;base64," + "A" * (15 * 1024 * 1024)
     assert_error(client.post("/v1/sessions", json={"image": huge}), 413, "too_large")
@@ -118,7 +118,7 @@ def test_bad_create_requests(client: TestClient) -> None:
 
 def test_bad_offers(client: TestClient) -> None:
     assert_error(client.post("/v1/sessions/nope/offer", json={"sdp": "v=0", "type": "offer"}), 404, "not_found")
-    sid = client.post("/v1/sessions", json={"scene": "countryside"}).json()["session_id"]
+    sid = client.post("/v1/sessions", json={"scene": "main-street"}).json()["session_id"]
     assert_error(
         client.post(f"/v1/sessions/{sid}/offer", json={"sdp": "x" * 40_000, "type": "offer"}), 413, "too_large"
     )
@@ -131,15 +131,15 @@ def test_bad_offers(client: TestClient) -> None:
 def test_full_server_answers_429(client: TestClient) -> None:
     ids = []
     for _ in range(2):
-        r = client.post("/v1/sessions", json={"scene": "countryside"})
+        r = client.post("/v1/sessions", json={"scene": "main-street"})
         assert r.status_code == 201
         ids.append(r.json()["session_id"])
-    r = client.post("/v1/sessions", json={"scene": "countryside"})
+    r = client.post("/v1/sessions", json={"scene": "main-street"})
     assert_error(r, 429, "busy", "retry")
     assert int(r.headers["retry-after"]) > 0
     for sid in ids:
         client.delete(f"/v1/sessions/{sid}")
-    assert client.post("/v1/sessions", json={"scene": "countryside"}).status_code == 201
+    assert client.post("/v1/sessions", json={"scene": "main-street"}).status_code == 201
 
 
 def test_token_required_when_configured() -> None:

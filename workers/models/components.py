@@ -1,5 +1,8 @@
 """The three model components of a preset (DiT, VAE, umT5), built and loaded for one device.
 
+Without a checkpoint directory, a preset's bundled weights load if it has them; otherwise the
+components get seeded random weights (the test fixtures' `tiny`).
+
 Precision policy: on CUDA the DiT runs in bf16, the VAE in fp32 and umT5 in bf16 (as released);
 on CPU everything is fp32, since CPU bf16 matmuls are slow and lose accuracy for no memory win
 that matters at CPU model sizes.
@@ -63,6 +66,7 @@ def _materialize(
 
 
 def load_dit(preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, seed: int = 0) -> WanDiT:
+    checkpoint_dir = loading.checkpoint_dir_for(preset, checkpoint_dir)
     # safetensors can read straight into GPU memory; elsewhere read to host memory.
     target = device if device.type == "cuda" else torch.device("cpu")
     reader = None if checkpoint_dir is None else (lambda: loading.read_dit_state(checkpoint_dir, target))
@@ -71,7 +75,11 @@ def load_dit(preset: ModelPreset, device: torch.device, checkpoint_dir: Path | N
 
 
 def load_vae(preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, seed: int = 1) -> WanVAE:
-    reader = None if checkpoint_dir is None else (lambda: loading.read_pth(checkpoint_dir / loading.VAE_FILE))
+    checkpoint_dir = loading.checkpoint_dir_for(preset, checkpoint_dir)
+    reader = None
+    if checkpoint_dir is not None:
+        path = loading.component_file(checkpoint_dir, loading.VAE_FILE, loading.VAE_SAFETENSORS)
+        reader = lambda: loading.read_pth(path)  # noqa: E731
     dtype = Precision.for_device(device).vae
     return _materialize("VAE", lambda: WanVAE(preset.vae), dtype, device, reader, seed)  # type: ignore[return-value]
 
@@ -79,7 +87,11 @@ def load_vae(preset: ModelPreset, device: torch.device, checkpoint_dir: Path | N
 def load_text_encoder(
     preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, seed: int = 2
 ) -> TextEncoder:
-    reader = None if checkpoint_dir is None else (lambda: loading.read_pth(checkpoint_dir / loading.T5_FILE))
+    checkpoint_dir = loading.checkpoint_dir_for(preset, checkpoint_dir)
+    reader = None
+    if checkpoint_dir is not None:
+        path = loading.component_file(checkpoint_dir, loading.T5_FILE, loading.T5_SAFETENSORS)
+        reader = lambda: loading.read_pth(path)  # noqa: E731
     dtype = Precision.for_device(device).t5
     model = _materialize("umT5", lambda: UMT5Encoder(preset.t5), dtype, device, reader, seed)
     return TextEncoder(model, load_tokenizer(preset.t5, checkpoint_dir))  # type: ignore[arg-type]

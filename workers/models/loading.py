@@ -5,6 +5,10 @@ Layout (as released):
     <dir>/Wan2.1_VAE.pth                                                                (VAE)
     <dir>/models_t5_umt5-xxl-enc-bf16.pth                                               (umT5)
     <dir>/google/umt5-xxl/tokenizer.json                                                (tokenizer)
+The VAE and umT5 may also be safetensors files (`vae.safetensors`, `text_encoder.safetensors`),
+as the bundled weights are; a single DiT file is `transformers/model.safetensors`.
+
+Presets with `bundled_weights` load from workers/models/weights/<name>/ when no directory is given.
 
 Modules are built on the meta device, so no memory is touched until the checkpoint's tensors are
 assigned in place: each weight is materialised once, directly in its target dtype and device.
@@ -28,7 +32,26 @@ DIT_SUBDIR = "transformers"
 DIT_INDEX = "model.safetensors.index.json"
 VAE_FILE = "Wan2.1_VAE.pth"
 T5_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
+VAE_SAFETENSORS = "vae.safetensors"
+T5_SAFETENSORS = "text_encoder.safetensors"
 TOKENIZER_DIR = "google/umt5-xxl"
+MODEL_CARD = "model_card.json"
+BUNDLED_ROOT = Path(__file__).resolve().parent / "weights"
+
+
+def checkpoint_dir_for(preset: ModelPreset, checkpoint_dir: str | Path | None) -> Path | None:
+    """The directory to load from: the given one, else the preset's bundled weights, else None (random)."""
+    if checkpoint_dir is not None:
+        return Path(checkpoint_dir)
+    if preset.bundled_weights is None:
+        return None
+    bundled = BUNDLED_ROOT / preset.bundled_weights
+    if not (bundled / DIT_SUBDIR / "model.safetensors").is_file():
+        raise FileNotFoundError(
+            f"preset {preset.name!r} ships its weights in {bundled}, but they are missing; "
+            "restore them from the repository or retrain with `python -m workers.training --install`"
+        )
+    return bundled
 
 
 class CheckpointError(ValueError):
@@ -106,11 +129,21 @@ def read_dit_shapes(checkpoint_dir: Path) -> dict[str, tuple[int, ...]]:
 def read_pth(path: Path, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise FileNotFoundError(f"missing checkpoint file {path}")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path), device=str(device))
     # mmap: tensors are paged in as they are copied, never held twice.
     state = torch.load(path, map_location=device, mmap=True, weights_only=True)
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} does not hold a state dict")
     return state
+
+
+def component_file(checkpoint_dir: Path, pth_name: str, safetensors_name: str) -> Path:
+    """The component's safetensors file when present, else its released .pth name."""
+    st = checkpoint_dir / safetensors_name
+    return st if st.is_file() else checkpoint_dir / pth_name
 
 
 def read_dit_state(checkpoint_dir: Path, device: torch.device | str) -> dict[str, torch.Tensor]:
@@ -159,11 +192,11 @@ def verify_checkpoint(preset: ModelPreset, checkpoint_dir: Path) -> dict[str, Ke
     except (OSError, ValueError, KeyError, SafetensorError) as exc:  # missing, corrupt or truncated files
         results["dit"] = f"unreadable DiT weights: {exc}"
 
-    for name, filename in (("vae", VAE_FILE), ("t5", T5_FILE)):
+    for name, pth, st in (("vae", VAE_FILE, VAE_SAFETENSORS), ("t5", T5_FILE, T5_SAFETENSORS)):
         try:
-            found = {k: tuple(v.shape) for k, v in read_pth(checkpoint_dir / filename).items()}
+            found = {k: tuple(v.shape) for k, v in read_pth(component_file(checkpoint_dir, pth, st)).items()}
             results[name] = compare_shapes(state_shapes(meta[name]), found)
-        except (FileNotFoundError, RuntimeError, CheckpointError) as exc:
+        except (FileNotFoundError, RuntimeError, CheckpointError, SafetensorError) as exc:
             results[name] = str(exc)
     tok = checkpoint_dir / TOKENIZER_DIR / "tokenizer.json"
     if preset.t5.tokenizer == "umt5" and not tok.is_file():

@@ -152,6 +152,9 @@ class ModelPreset:
     translation_scale: float = 3.0
     weights_note: str = "official checkpoint (load with --checkpoint)"
     tags: tuple[str, ...] = field(default_factory=tuple)
+    # Weights that ship inside the package (a directory under workers/models/weights/), loaded when
+    # no checkpoint directory is given; None: random weights unless a checkpoint is passed.
+    bundled_weights: str | None = None
 
     def __post_init__(self) -> None:
         cell = self.vae.spatial_stride * self.dit.patch_size[1]
@@ -237,7 +240,38 @@ TINY = ModelPreset(
     tags=("cpu", "random-weights"),
 )
 
-PRESETS: dict[str, ModelPreset] = {p.name: p for p in (LINGBOT_14B, LINGBOT_1_3B, TINY)}
+# The embedded default world: the same classes, trained in this repository on the procedural grid
+# world (workers/world, workers/training) and shipped in workers/models/weights/gridworld. Its VAE
+# latents are normalised inside the weights (the statistics are folded into conv1/conv2 at export),
+# hence zero mean and unit std here. Slower walking and faster turning than LingBot's defaults suit
+# a small place seen through 128×128 frames.
+GRIDWORLD = ModelPreset(
+    name="gridworld",
+    dit=DiTConfig(
+        dim=160,
+        ffn_dim=512,
+        num_layers=5,
+        num_heads=4,
+        freq_dim=64,
+        text_dim=64,
+        text_len=32,
+        local_attn_size_frames=12,
+        sink_size_frames=2,
+    ),
+    vae=VAEConfig(base_dim=8, latent_mean=(0.0,) * 16, latent_std=(1.0,) * 16),
+    t5=TINY.t5,
+    height_px=128,
+    width_px=128,
+    move_step_per_frame=0.06,
+    turn_step_deg_per_frame=1.5,
+    weights_note="trained on the procedural grid world (python -m workers.training); see its model card",
+    tags=("cpu", "embedded"),
+    bundled_weights="gridworld",
+)
+
+DEFAULT_PRESET = GRIDWORLD.name
+
+PRESETS: dict[str, ModelPreset] = {p.name: p for p in (LINGBOT_14B, LINGBOT_1_3B, GRIDWORLD, TINY)}
 
 
 def get_preset(name: str) -> ModelPreset:

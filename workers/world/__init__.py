@@ -13,6 +13,7 @@ from workers.world.paths import (
     chunk_video_frames,
     free_distance,
     random_controls,
+    random_start,
     render_path,
     simulate_path,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "free_distance",
     "generate_map",
     "random_controls",
+    "random_start",
     "render_layers",
     "render_path",
     "render_view",

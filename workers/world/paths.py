@@ -97,14 +97,15 @@ def simulate_path(
     motion: CameraMotion | None = None,
     collision: Collision = "stop",
     body_radius_m: float = BODY_RADIUS_M,
+    start: CameraState | None = None,
 ) -> PathPoses:
-    """Per-video-frame poses for one control per chunk, from the world's start pose."""
+    """Per-video-frame poses for one control per chunk, from `start` (default: the world's start pose)."""
     if chunk_latent_frames < 1:
         raise ValueError(f"chunk_latent_frames must be >= 1, got {chunk_latent_frames}")
     if collision not in ("stop", "slide", "none"):
         raise ValueError(f"collision must be 'stop', 'slide' or 'none', got {collision!r}")
     motion = motion or CameraMotion()
-    state = commanded = world.start_state()
+    state = commanded = start if start is not None else world.start_state()
     states, cmd_states, blocked, chunk_index = [state], [commanded], [False], [0]
     for i, control in enumerate(controls):
         steps = _chunk_steps(chunk_latent_frames, first_chunk=i == 0)
@@ -138,10 +139,11 @@ def render_path(
     intrinsics: Intrinsics | None = None,
     motion: CameraMotion | None = None,
     collision: Collision = "stop",
+    start: CameraState | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Frames [T, H, W, 3] uint8 and their c2w [T, 4, 4] float64, T = 4C−3 + 4C·(len(controls) − 1)."""
     intrinsics = intrinsics or Intrinsics.default(width_px, height_px)
-    poses = simulate_path(world, controls, chunk_latent_frames, motion, collision).c2w
+    poses = simulate_path(world, controls, chunk_latent_frames, motion, collision, start=start).c2w
     frames = np.zeros((len(poses), height_px, width_px, 3), dtype=np.uint8)
     for i, pose in enumerate(poses):
         frames[i] = world.render(pose, intrinsics, height_px, width_px)
@@ -198,6 +200,7 @@ def random_controls(
     world: World | None = None,
     chunk_latent_frames: int = 4,
     motion: CameraMotion | None = None,
+    start: CameraState | None = None,
 ) -> list[ChunkControl]:
     """Plausible walking controls, one per chunk: keys held for 1–3 chunks (1–3 s at C = 4) — walks,
     curves, turns, strafes, a few steps back, short looks up or down that drift back towards level,
@@ -210,7 +213,7 @@ def random_controls(
     weights = np.array([w for w, _ in _SEGMENTS])
     weights /= weights.sum()
     controls: list[ChunkControl] = []
-    state = world.start_state() if world is not None else CameraState()
+    state = start if start is not None else world.start_state() if world is not None else CameraState()
     while len(controls) < num_chunks:
         kind = int(rng.choice(len(_SEGMENTS), p=weights))
         options = _SEGMENTS[kind][1]
@@ -240,3 +243,15 @@ def random_controls(
         controls += segment
         state = end
     return controls
+
+
+def random_start(rng: np.random.Generator, world: World, clearance_m: float = 0.45) -> CameraState:
+    """A random level pose on open ground: at least `clearance_m` from walls and towers, any heading."""
+    cfg = world.map.config
+    ox, oz = world.map.origin_xz
+    extent = cfg.size_cells * cfg.cell_m
+    for _ in range(10_000):
+        x, z = ox + rng.uniform(0.0, extent), oz + rng.uniform(0.0, extent)
+        if world.is_free(x, z, clearance_m):
+            return CameraState(position=(x, 0.0, z), yaw_deg=float(rng.uniform(-180.0, 180.0)))
+    raise ValueError("no open ground found for a start pose")

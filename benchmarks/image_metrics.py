@@ -1,0 +1,37 @@
+"""Frame similarity: PSNR and SSIM of uint8 RGB frames, per frame."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def psnr_db(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """[T, H, W, 3] uint8 pairs -> [T] PSNR in dB (peak 255; identical frames give 100)."""
+    diff = a.astype(np.float64) - b.astype(np.float64)
+    mse = (diff**2).reshape(len(a), -1).mean(axis=1)
+    return np.where(mse > 0, 10.0 * np.log10(255.0**2 / np.maximum(mse, 1e-12)), 100.0)
+
+
+def _gaussian_window(size: int = 11, sigma: float = 1.5) -> torch.Tensor:
+    x = torch.arange(size, dtype=torch.float64) - (size - 1) / 2
+    g = torch.exp(-(x**2) / (2 * sigma**2))
+    g = g / g.sum()
+    return (g[:, None] * g[None, :]).expand(3, 1, size, size).contiguous()
+
+
+def ssim(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """[T, H, W, 3] uint8 pairs -> [T] SSIM (Wang et al. 2004: 11×11 Gaussian σ 1.5, per channel, mean)."""
+    x = torch.from_numpy(a).permute(0, 3, 1, 2).double()
+    y = torch.from_numpy(b).permute(0, 3, 1, 2).double()
+    w = _gaussian_window()
+    c1, c2 = (0.01 * 255) ** 2, (0.03 * 255) ** 2
+
+    def blur(t: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(t, w, groups=3)  # valid region only, as the reference implementation
+
+    mx, my = blur(x), blur(y)
+    sxx, syy, sxy = blur(x * x) - mx**2, blur(y * y) - my**2, blur(x * y) - mx * my
+    s = ((2 * mx * my + c1) * (2 * sxy + c2)) / ((mx**2 + my**2 + c1) * (sxx + syy + c2))
+    return s.mean(dim=(1, 2, 3)).numpy()

@@ -1,0 +1,97 @@
+"""Training smoke tests: a few steps on a tiny data set reduce the loss, and runs resume."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+from workers.models.presets import GRIDWORLD
+from workers.models.vae import WanVAE
+from workers.training.clips import WORLD_SEED, ClipSpec, frames_to_model, heldout_cell, sample_start, split_rng
+from workers.training.dit_train import (
+    DiTTrainConfig,
+    LatentSet,
+    new_dit,
+    random_text_encoder,
+    train_dit,
+    train_step,
+)
+from workers.training.latents import LatentSetConfig, build_latent_set
+from workers.training.vae_train import VAETrainConfig, fold_latent_stats, render_windows, train_vae
+from workers.world import World
+
+# The embedded preset's geometry with narrower networks, so a few steps take seconds.
+SMALL = replace(
+    GRIDWORLD,
+    dit=replace(GRIDWORLD.dit, dim=32, ffn_dim=64, num_layers=2, num_heads=2),
+)
+
+
+@pytest.fixture(scope="module")
+def world() -> World:
+    return World.generate(WORLD_SEED)
+
+
+def test_splits_keep_eval_starts_out_of_training(world: World) -> None:
+    for split in ("train", "eval"):
+        for i in range(20):
+            start = sample_start(split_rng(0, split, i), world, split)  # type: ignore[arg-type]
+            row, col = world.map.cell_of(start.position[0], start.position[2])
+            assert heldout_cell(row, col) == (split == "eval")
+            assert world.is_free(start.position[0], start.position[2], 0.4)
+
+
+def test_vae_training_reduces_reconstruction_error_and_folds_stats_exactly(world: World, tmp_path: Path) -> None:
+    spec = ClipSpec.for_preset(SMALL)
+    probe = frames_to_model(render_windows(world, spec, split_rng(1, "eval", 0), 2, 5))[..., :32, :32]
+    cfg = VAETrainConfig(steps=12, full_res_steps=0, batch=2, crop_px=32, lr=1e-3, warmup_steps=1, checkpoint_every=6)
+    torch.manual_seed(cfg.seed)  # what train_vae seeds before building its VAE: the same initial weights
+    initial = WanVAE(SMALL.vae)
+    with torch.no_grad():
+        before = F.mse_loss(initial.decode(initial.encode(probe)), probe).item()
+    vae = train_vae(SMALL, world, tmp_path, cfg)
+    with torch.no_grad():
+        recon = vae.decode(vae.encode(probe))
+        after = F.mse_loss(recon, probe).item()
+        assert after < 0.9 * before, (before, after)
+        fold_latent_stats(vae, world, SMALL, seed=0, clips=2)
+        latents = vae.encode(probe)
+        assert (vae.decode(latents) - recon).abs().max() < 1e-4  # folding is exact
+    assert torch.load(tmp_path / "vae.ckpt.pt", weights_only=False)["step"] == 12
+
+
+def test_dit_training_loss_goes_down_and_resumes(world: World, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    vae_path = tmp_path / "vae.safetensors"
+    save_file(WanVAE(SMALL.vae).state_dict(), str(vae_path))
+    cfg = LatentSetConfig(starts=1, paths_per_start=2, chunks=2, workers=1)
+    data = LatentSet(build_latent_set(SMALL, vae_path, tmp_path / "latents.pt", cfg), SMALL)
+    assert len(data) == 2 and data.cameras.shape[1:3] == (384, 8)
+
+    # Fixed batch and noise: the loss of repeated steps must fall.
+    dit = new_dit(SMALL, 0)
+    text = random_text_encoder(SMALL).encode(["", "a walk"])
+    opt = torch.optim.Adam(dit.parameters(), lr=2e-3)
+    x0, cond, cams = data.batch(torch.tensor([0, 1]))
+    losses = []
+    for _ in range(12):
+        loss, per_chunk = train_step(dit, SMALL, x0, cond, cams, text, torch.Generator().manual_seed(0), 0.4)
+        assert len(per_chunk) == 2
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0], losses
+
+    # The training loop checkpoints and picks up where it stopped.
+    text_encoder = random_text_encoder(SMALL)
+    train_dit(SMALL, data, text_encoder, tmp_path, DiTTrainConfig(steps=2, batch=2, checkpoint_every=1))
+    resumed = train_dit(SMALL, data, text_encoder, tmp_path, DiTTrainConfig(steps=3, batch=2, checkpoint_every=1))
+    state = torch.load(tmp_path / "dit.ckpt.pt", weights_only=False)
+    assert state["step"] == 3
+    assert all(torch.equal(v, resumed.state_dict()[k]) for k, v in state["model"].items())

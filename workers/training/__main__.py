@@ -1,0 +1,168 @@
+"""Train the embedded `gridworld` preset from scratch, resumably:
+
+    python -m workers.training                      # all phases into runs/train/gridworld
+    python -m workers.training --phase vae          # one phase
+    python -m workers.training --install            # ... then copy the weights into the package
+
+Phases run in order; each resumes from its checkpoint, and skips itself when its output exists
+(delete that file to redo it):
+  vae      train the VAE on rendered clips  -> vae.ckpt.pt, then vae.safetensors (+ vae.json)
+  latents  render and encode the DiT's clips -> latents.pt
+  dit      train the causal DiT              -> dit.ckpt.pt
+  export   weights + model card              -> weights/  (the layout the strict loader reads)
+Seeds fix everything: the world, the clips, the initialisations and the noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from workers.models.presets import ModelPreset, get_preset
+from workers.models.vae import WanVAE
+from workers.training import checkpoint
+from workers.training.clips import WORLD_SEED
+from workers.training.dit_train import DiTTrainConfig, LatentSet, new_dit, random_text_encoder, train_dit
+from workers.training.export import hardware, install, write_checkpoint
+from workers.training.latents import LatentSetConfig, build_latent_set
+from workers.training.vae_train import VAETrainConfig, fold_latent_stats, train_vae
+from workers.world import World
+
+PHASES = ("vae", "latents", "dit", "export")
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m workers.training",
+        description="Train the embedded gridworld preset (see the module docstring for the phases).",
+    )
+    p.add_argument("--out", type=Path, default=Path("runs/train/gridworld"), help="work directory")
+    p.add_argument("--preset", default="gridworld")
+    p.add_argument("--phase", choices=(*PHASES, "all"), default="all")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vae-steps", type=int, default=VAETrainConfig.steps)
+    p.add_argument("--dit-steps", type=int, default=DiTTrainConfig.steps)
+    p.add_argument("--dit-batch", type=int, default=DiTTrainConfig.batch)
+    p.add_argument("--starts", type=int, default=LatentSetConfig.starts, help="start poses in the DiT data set")
+    p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="processes encoding latents")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch CPU threads for training")
+    p.add_argument("--install", action="store_true", help="copy the exported weights into the package")
+    return p.parse_args(argv)
+
+
+def _vae_config(args: argparse.Namespace) -> VAETrainConfig:
+    full = min(VAETrainConfig.full_res_steps, args.vae_steps // 6)
+    return VAETrainConfig(steps=args.vae_steps, full_res_steps=full, seed=args.seed)
+
+
+def phase_vae(args: argparse.Namespace, preset: ModelPreset, world: World) -> None:
+    final = args.out / "vae.safetensors"
+    if final.is_file():
+        print(f"[vae] {final} exists, skipping", flush=True)
+        return
+    cfg = _vae_config(args)
+    vae = train_vae(preset, world, args.out, cfg)
+    stats = fold_latent_stats(vae, world, preset, args.seed)
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in vae.state_dict().items()}, str(final))
+    wall_s = torch.load(args.out / "vae.ckpt.pt", weights_only=False).get("wall_s")
+    info = {"config": asdict(cfg), "wall_s": wall_s, "latent_stats_folded": stats}
+    (args.out / "vae.json").write_text(json.dumps(info, indent=2))
+
+
+def load_trained_vae(out: Path, preset: ModelPreset) -> WanVAE:
+    vae = WanVAE(preset.vae)
+    vae.load_state_dict(load_file(str(out / "vae.safetensors")), strict=True)
+    return vae.eval().requires_grad_(False)
+
+
+def phase_latents(args: argparse.Namespace, preset: ModelPreset) -> None:
+    final = args.out / "latents.pt"
+    if final.is_file():
+        print(f"[latents] {final} exists, skipping", flush=True)
+        return
+    cfg = LatentSetConfig(starts=args.starts, seed=args.seed, workers=args.workers)
+    build_latent_set(preset, args.out / "vae.safetensors", final, cfg)
+
+
+def _dit_config(args: argparse.Namespace) -> DiTTrainConfig:
+    return DiTTrainConfig(steps=args.dit_steps, batch=args.dit_batch, seed=args.seed)
+
+
+def phase_dit(args: argparse.Namespace, preset: ModelPreset) -> None:
+    data = LatentSet(torch.load(args.out / "latents.pt", weights_only=False), preset)
+    train_dit(preset, data, random_text_encoder(preset), args.out, _dit_config(args))
+
+
+def phase_export(args: argparse.Namespace, preset: ModelPreset) -> Path:
+    dit = new_dit(preset, args.seed)
+    dit_state = checkpoint.resume(args.out / "dit.ckpt.pt", dit)
+    if dit_state is None:
+        raise FileNotFoundError(f"no DiT checkpoint in {args.out}; run the dit phase first")
+    vae_info = json.loads((args.out / "vae.json").read_text())
+    latents = torch.load(args.out / "latents.pt", weights_only=False)
+    card = {
+        "preset": preset.name,
+        "architecture": "Wan2.1 DiT with LingBot-World camera layers, Wan2.1 causal VAE, umT5 (small widths)",
+        "resolution": [preset.width_px, preset.height_px],
+        "fps": preset.fps,
+        "chunk_latent_frames": preset.chunk_latent_frames,
+        "params": {
+            "dit": sum(p.numel() for p in dit.parameters()),
+            "vae": sum(p.numel() for p in WanVAE(preset.vae).parameters()),
+        },
+        "world": {"generator": "workers.world", "seed": WORLD_SEED},
+        "data": {
+            "vae": "rendered on the fly from the train split; "
+            f"{vae_info['config']['steps']} steps × {vae_info['config']['batch']} clips × "
+            f"{vae_info['config']['clip_frames']} frames",
+            "dit": f"{len(latents['latents'])} clips of {latents['config']['chunks']} chunks from "
+            f"{latents['config']['starts']} train-split starts ({latents['config']['paths_per_start']} paths each)",
+            "held_out": "evaluation starts lie only in held-out cells; evaluation paths use their own seeds",
+        },
+        "training": {
+            "vae": {"steps": vae_info["config"]["steps"], "wall_s": vae_info["wall_s"], "config": vae_info["config"]},
+            "latents": {"wall_s": latents["wall_s"]},
+            "dit": {"steps": dit_state["step"], "wall_s": dit_state.get("wall_s"), "config": asdict(_dit_config(args))},
+        },
+        "hardware": hardware(),
+        "text": "the text encoder keeps seeded random weights; prompts do not steer this world",
+        "evaluation": "run `python -m benchmarks.world_eval --out EVAL.json`",
+    }
+    out = args.out / "weights"
+    write_checkpoint(out, dit, load_trained_vae(args.out, preset), random_text_encoder(preset).encoder, card)
+    print(f"[export] wrote {out}", flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse(argv)
+    torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    preset = get_preset(args.preset)
+    world = World.generate(WORLD_SEED)
+    phases = PHASES if args.phase == "all" else (args.phase,)
+    t0 = time.time()
+    if "vae" in phases:
+        phase_vae(args, preset, world)
+    if "latents" in phases:
+        phase_latents(args, preset)
+    if "dit" in phases:
+        phase_dit(args, preset)
+    if "export" in phases:
+        out = phase_export(args, preset)
+        if args.install:
+            print(f"[export] installed into {install(out, preset.bundled_weights or preset.name)}", flush=True)
+    print(f"[training] done in {time.time() - t0:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

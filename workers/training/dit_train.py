@@ -1,0 +1,186 @@
+"""Causal DiT training on the encoded walks, run exactly the way inference runs a session.
+
+A step takes a batch of clips of K chunks and walks them chunk by chunk through one KV cache (the
+inference cache class, batch = clips): each chunk is noised to one of the few-step sampler's own
+timesteps (the only ones inference ever uses), denoised with the history in the cache, and scored
+by the error of its x0 prediction (the quantity the sampler keeps, and what PSNR judges); then the
+chunk is committed with a t = 0 forward, as inference commits it. Chunk 3 of a 4-chunk clip already
+attends through a rolled window (sink + recent frames), so training sees the cache states a long
+session reaches.
+
+Exposure bias: inference commits the model's own x0 from its last step, not the truth. When a
+clip's chunk was noised to that last timestep, its prediction (detached) is committed in place of
+the true latents, so later chunks learn to continue from the model's own output, still towards
+the true continuation.
+
+Conditioning matches inference: the image condition is the stored start-image stream, the camera
+is the server's integration of the clip's keys (`CameraTrack`), and the prompt is drawn from a small
+pool, empty included, so the model learns to ignore text (this world has no prompts).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from workers.models.camera import CameraTrack
+from workers.models.dit import WanDiT
+from workers.models.kv_cache import KVCacheSpec, SessionKVCache
+from workers.models.presets import ModelPreset
+from workers.models.random_init import init_random_weights
+from workers.models.t5 import TextEncoder, UMT5Encoder
+from workers.models.tokenizer import load_tokenizer
+from workers.stages.denoise import make_sampler
+from workers.training import checkpoint
+from workers.training.latents import control_from_dict
+from workers.training.progress import Progress
+from workers.training.vae_train import lr_at
+
+TEXT_ENCODER_SEED = 2  # the small umT5 keeps seeded random weights; the DiT learns to ignore its output
+PROMPTS = ("", "", "a walk through the town", "streets and towers", "walking", "a sunny day", "explore", "hello")
+
+
+@dataclass(frozen=True)
+class DiTTrainConfig:
+    steps: int = 3000
+    batch: int = 8
+    lr: float = 4e-4
+    warmup_steps: int = 100
+    last_step_prob: float = 0.4  # how often a chunk is noised to the sampler's last timestep
+    checkpoint_every: int = 100
+    seed: int = 0
+
+
+class LatentSet:
+    """The encoded clips plus their camera inputs (computed once, kept in float16)."""
+
+    def __init__(self, data: dict, preset: ModelPreset) -> None:
+        self.latents = data["latents"]
+        self.conds = data["conds"]
+        self.start_of = data["start_of"]
+        chunk = preset.chunk_latent_frames
+        cams = []
+        for controls in data["controls"]:
+            track = CameraTrack.for_preset(preset)
+            cams.append(torch.cat([track.next_chunk(control_from_dict(c), chunk) for c in controls], dim=1).half())
+        self.cameras = torch.stack(cams)  # [N, 384, F, h, w]
+
+    def __len__(self) -> int:
+        return len(self.latents)
+
+    def batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.latents[idx].float(), self.conds[self.start_of[idx]].float(), self.cameras[idx].float()
+
+
+def random_text_encoder(preset: ModelPreset) -> TextEncoder:
+    model = UMT5Encoder(preset.t5)
+    init_random_weights(model, TEXT_ENCODER_SEED)
+    return TextEncoder(model, load_tokenizer(preset.t5, None))
+
+
+def new_dit(preset: ModelPreset, seed: int) -> WanDiT:
+    """PyTorch's default initialisation, with each block's camera scale/shift starting at zero so the
+    camera path starts as the identity (as when camera layers are added to a pretrained model)."""
+    torch.manual_seed(seed)
+    dit = WanDiT(preset.dit)
+    with torch.no_grad():
+        for block in dit.blocks:
+            for layer in (block.cam_scale_layer, block.cam_shift_layer):
+                layer.weight.zero_()
+                layer.bias.zero_()
+    return dit
+
+
+def train_step(
+    dit: WanDiT,
+    preset: ModelPreset,
+    x0: torch.Tensor,  # [B, 16, F, h, w]
+    cond: torch.Tensor,  # [B, 20, F, h, w]
+    cams: torch.Tensor,  # [B, 384, F, h, w]
+    text: list[torch.Tensor],
+    gen: torch.Generator,
+    last_step_prob: float,
+) -> tuple[torch.Tensor, list[float]]:
+    """One clip batch through the causal chunk loop; returns the loss and per-chunk x0 MSE."""
+    cfg, chunk = preset.dit, preset.chunk_latent_frames
+    schedule = make_sampler(preset).schedule
+    b, _, frames = x0.shape[:3]
+    spec = KVCacheSpec(
+        num_layers=cfg.num_layers,
+        batch=b,
+        num_heads=cfg.num_heads,
+        head_dim=cfg.head_dim,
+        tokens_per_frame=preset.tokens_per_latent_frame,
+        chunk_frames=chunk,
+        local_attn_size_frames=cfg.local_attn_size_frames,
+        sink_size_frames=cfg.sink_size_frames,
+    )
+    cache = SessionKVCache(spec, torch.float32, x0.device)
+    text_kv = dit.text_kv(text)
+    steps = len(schedule.timesteps)
+    total = x0.new_zeros(())
+    per_chunk = []
+    for k in range(frames // chunk):
+        sl = slice(k * chunk, (k + 1) * chunk)
+        clean, c = x0[:, :, sl], cond[:, :, sl]
+        last = torch.rand(b, generator=gen) < last_step_prob
+        idx = torch.where(last, steps - 1, torch.randint(0, steps, (b,), generator=gen))
+        sigma = schedule.sigmas[idx].view(b, 1, 1, 1, 1)
+        noise = torch.randn(clean.shape, generator=gen)
+        x_t = (1 - sigma) * clean + sigma * noise
+        camera = dit.chunk_camera(cams[:, :, sl])
+        v = dit(x_t, c, schedule.timesteps[idx], text_kv, camera, k * chunk, cache, commit=False)
+        pred = x_t - sigma * v
+        mse = (pred - clean).pow(2).mean()
+        total = total + mse
+        per_chunk.append(mse.item())
+        # The staged K/V of this chunk are saved for backward; commit into fresh buffers.
+        for layer in cache.layers:
+            layer.k, layer.v = layer.k.detach().clone(), layer.v.detach().clone()
+        committed = torch.where(last.view(b, 1, 1, 1, 1), pred.detach(), clean)
+        with torch.no_grad():
+            dit(committed, c, torch.zeros(b), text_kv, camera, k * chunk, cache, commit=True)
+    return total / (frames // chunk), per_chunk
+
+
+def train_dit(
+    preset: ModelPreset, data: LatentSet, text_encoder: TextEncoder, out_dir: Path, cfg: DiTTrainConfig
+) -> WanDiT:
+    dit = new_dit(preset, cfg.seed)
+    dit.train()
+    opt = torch.optim.AdamW(dit.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.01)
+    path = out_dir / "dit.ckpt.pt"
+    state = checkpoint.resume(path, dit, opt)
+    step = state["step"] if state else 0
+    wall_s = state.get("wall_s", 0.0) if state else 0.0
+    t_run = time.perf_counter()
+    if step:
+        print(f"[dit] resumed at step {step} from {path}", flush=True)
+    prompts = text_encoder.encode(list(PROMPTS))
+    progress = Progress("dit", cfg.steps, start=step, every=20)
+    while step < cfg.steps:
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+        rng = np.random.default_rng([cfg.seed, step])
+        idx = torch.from_numpy(rng.choice(len(data), cfg.batch, replace=False))
+        x0, cond, cams = data.batch(idx)
+        text = [prompts[int(i)] for i in rng.integers(0, len(prompts), cfg.batch)]
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps)
+        loss, per_chunk = train_step(dit, preset, x0, cond, cams, text, gen, cfg.last_step_prob)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(dit.parameters(), 1.0)
+        opt.step()
+        step += 1
+        metrics = {"loss": loss.item()} | {f"c{k}": m for k, m in enumerate(per_chunk)}
+        progress.update(step, **metrics)
+        if not math.isfinite(loss.item()):
+            raise FloatingPointError(f"DiT loss is {loss.item()} at step {step}")
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            checkpoint.save(path, step, dit, opt, wall_s=wall_s + time.perf_counter() - t_run)
+    return dit.eval()

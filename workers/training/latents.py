@@ -1,0 +1,110 @@
+"""The DiT's data set: walks of the procedural world, encoded once with the trained VAE.
+
+Each start pose gets several control paths, so one start image is seen walking different ways
+(which is what teaches control), and the start's image-condition stream (start image + black
+frames through the VAE's causal caches, exactly as `ImageConditionStream` makes it at inference)
+is encoded once and shared by its paths. Clips are rendered with walls stopping the walker; the
+controls are stored so the camera input is computed at training time by the server's own
+integration (`CameraTrack`), which knows nothing about walls, exactly as at inference.
+
+Encoding is split over worker processes (one thread each), by start.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from workers.images import to_model_range
+from workers.models.camera import ChunkControl
+from workers.models.presets import ModelPreset, get_preset
+from workers.models.vae import WanVAE
+from workers.stages.condition import ImageConditionStream
+from workers.training.clips import (
+    WORLD_SEED,
+    ClipSpec,
+    frames_to_model,
+    render_clip,
+    sample_controls,
+    sample_start,
+    split_rng,
+)
+from workers.world import World
+
+
+@dataclass(frozen=True)
+class LatentSetConfig:
+    starts: int = 240
+    paths_per_start: int = 4
+    chunks: int = 4  # per clip; with the preset's window (12 frames, 2 sink) chunk 3 sees a rolled cache
+    seed: int = 0
+    workers: int = 2
+
+
+def control_to_dict(c: ChunkControl) -> dict:
+    return {"keys": sorted(c.keys), "look_dx_px": c.look_dx_px, "look_dy_px": c.look_dy_px}
+
+
+def control_from_dict(d: dict) -> ChunkControl:
+    return ChunkControl(keys=frozenset(d["keys"]), look_dx_px=d["look_dx_px"], look_dy_px=d["look_dy_px"])
+
+
+def _encode_starts(preset_name: str, vae_path: str, cfg: LatentSetConfig, indices: list[int]) -> dict:
+    torch.set_num_threads(1)
+    preset = get_preset(preset_name)
+    vae = WanVAE(preset.vae)
+    vae.load_state_dict(load_file(vae_path), strict=True)
+    vae.eval()
+    world = World.generate(WORLD_SEED)
+    spec = ClipSpec.for_preset(preset)
+    latents, conds, controls, start_of = [], [], [], []
+    with torch.inference_mode():
+        for n, i in enumerate(indices):
+            rng = split_rng(cfg.seed, "train", 10**6 + i)
+            start = sample_start(rng, world, "train")
+            for _ in range(cfg.paths_per_start):
+                clip = render_clip(world, spec, start, sample_controls(rng, world, spec, start, cfg.chunks))
+                if not conds or start_of[-1] != n:
+                    stream = ImageConditionStream(vae, to_model_range(clip.frames[0]), preset, spec.chunk_latent_frames)
+                    conds.append(torch.cat([stream.next_chunk() for _ in range(cfg.chunks)], dim=2)[0])
+                latents.append(vae.encode(frames_to_model(clip.frames))[0])
+                controls.append([control_to_dict(c) for c in clip.controls])
+                start_of.append(n)
+    return {"latents": latents, "conds": conds, "controls": controls, "start_of": start_of}
+
+
+def build_latent_set(preset: ModelPreset, vae_path: Path, out_path: Path, cfg: LatentSetConfig) -> dict:
+    """Render and encode the set; writes `out_path` (a torch file) and returns it."""
+    t0 = time.time()
+    shards = [list(range(w, cfg.starts, cfg.workers)) for w in range(cfg.workers)]
+    with ProcessPoolExecutor(cfg.workers) as pool:
+        parts = list(
+            pool.map(
+                _encode_starts, [preset.name] * cfg.workers, [str(vae_path)] * cfg.workers, [cfg] * cfg.workers, shards
+            )
+        )
+    latents, conds, controls, start_of = [], [], [], []
+    for part in parts:
+        base = len(conds)
+        latents += part["latents"]
+        conds += part["conds"]
+        controls += part["controls"]
+        start_of += [base + s for s in part["start_of"]]
+    data = {
+        "latents": torch.stack(latents).half(),  # [N, 16, F, h, w]
+        "conds": torch.stack(conds).half(),  # [S, 20, F, h, w]
+        "controls": controls,
+        "start_of": torch.tensor(start_of),
+        "config": asdict(cfg),
+        "wall_s": time.time() - t0,
+    }
+    torch.save(data, out_path)
+    print(
+        f"[latents] {len(latents)} clips from {len(conds)} starts in {data['wall_s']:.0f} s -> {out_path}", flush=True
+    )
+    return data

@@ -1,0 +1,137 @@
+"""VAE training: short clips of the procedural world, reconstruction loss, then latent statistics.
+
+Each step renders a fresh batch (infinite data, drawn from (seed, step), so a resumed run sees what
+an uninterrupted one would). Most steps train on random crops, which costs a quarter of full
+frames and teaches the same local convolutions; the last steps train on full frames so the
+mid-block attention sees whole views. Clips are 1 + 4k frames, the causal VAE's stream unit.
+
+The loss is MSE (what PSNR measures) plus a little L1 (faster early progress) and a tiny penalty on
+the latent mean's magnitude, which keeps latents from drifting in scale. At the end the per-channel
+latent mean/std are measured and folded into conv1/conv2 (both 1×1×1, so exactly), making the
+encoder emit normalised latents with the preset's zero mean / unit std.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from workers.models.presets import ModelPreset
+from workers.models.vae import WanVAE
+from workers.training import checkpoint
+from workers.training.clips import ClipSpec, frames_to_model, sample_controls, sample_start, split_rng
+from workers.training.progress import Progress
+from workers.world import World, simulate_path
+
+
+@dataclass(frozen=True)
+class VAETrainConfig:
+    steps: int = 3000
+    full_res_steps: int = 300  # the last steps use whole frames
+    batch: int = 8
+    clip_frames: int = 5  # 1 + 4k
+    crop_px: int = 64
+    lr: float = 3e-4  # 6e-4 trained markedly slower and less stably
+    warmup_steps: int = 100
+    l1_weight: float = 0.25
+    latent_penalty: float = 1e-4
+    checkpoint_every: int = 100
+    seed: int = 0
+
+
+def psnr_db(a: torch.Tensor, b: torch.Tensor) -> float:
+    """PSNR of two tensors in [-1, 1] (peak-to-peak 2)."""
+    mse = F.mse_loss(a.float(), b.float()).item()
+    return 10.0 * math.log10(4.0 / max(mse, 1e-12))
+
+
+def lr_at(step: int, cfg_lr: float, warmup: int, total: int) -> float:
+    if step < warmup:
+        return cfg_lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return cfg_lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def render_windows(world: World, spec: ClipSpec, rng: np.random.Generator, count: int, frames: int) -> np.ndarray:
+    """[count, frames, H, W, 3] uint8: consecutive frames from random walks of the train split."""
+    out = np.zeros((count, frames, spec.height_px, spec.width_px, 3), dtype=np.uint8)
+    for i in range(count):
+        start = sample_start(rng, world, "train")
+        controls = sample_controls(rng, world, spec, start, 2)
+        poses = simulate_path(world, list(controls), spec.chunk_latent_frames, spec.motion, start=start).c2w
+        first = int(rng.integers(0, len(poses) - frames + 1))
+        for j in range(frames):
+            out[i, j] = world.render(poses[first + j], spec.intrinsics, spec.height_px, spec.width_px)
+    return out
+
+
+def _crop(video: torch.Tensor, size: int, rng: np.random.Generator) -> torch.Tensor:
+    h, w = video.shape[-2:]
+    top, left = int(rng.integers(0, h - size + 1)), int(rng.integers(0, w - size + 1))
+    return video[..., top : top + size, left : left + size]
+
+
+def train_vae(preset: ModelPreset, world: World, out_dir: Path, cfg: VAETrainConfig) -> WanVAE:
+    """Train (or resume) to cfg.steps; returns the trained VAE (statistics not yet folded)."""
+    spec = ClipSpec.for_preset(preset)
+    torch.manual_seed(cfg.seed)
+    vae = WanVAE(preset.vae)
+    opt = torch.optim.AdamW(vae.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    path = out_dir / "vae.ckpt.pt"
+    state = checkpoint.resume(path, vae, opt)
+    step = state["step"] if state else 0
+    wall_s = state.get("wall_s", 0.0) if state else 0.0
+    if step:
+        print(f"[vae] resumed at step {step} from {path}", flush=True)
+    progress = Progress("vae", cfg.steps, start=step, every=20)
+    t_run = time.perf_counter()
+    vae.train()
+    while step < cfg.steps:
+        rng = split_rng(cfg.seed, "train", step)
+        video = frames_to_model(render_windows(world, spec, rng, cfg.batch, cfg.clip_frames))
+        if step < cfg.steps - cfg.full_res_steps:
+            video = _crop(video, cfg.crop_px, rng)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps)
+        latents = vae.encode(video)
+        recon = vae.decode(latents)
+        mse = F.mse_loss(recon, video)
+        loss = mse + cfg.l1_weight * (recon - video).abs().mean() + cfg.latent_penalty * latents.pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+        opt.step()
+        step += 1
+        progress.update(step, loss=loss.item(), psnr_db=10.0 * math.log10(4.0 / max(mse.item(), 1e-12)))
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            checkpoint.save(path, step, vae, opt, wall_s=wall_s + time.perf_counter() - t_run)
+    return vae.eval()
+
+
+@torch.no_grad()
+def fold_latent_stats(vae: WanVAE, world: World, preset: ModelPreset, seed: int, clips: int = 32) -> dict[str, list]:
+    """Measure per-channel latent mean/std on train clips and fold them into conv1 / conv2, in place.
+
+    Afterwards the encoder's output is already (mu − mean) / std and the decoder expects exactly
+    that, so the preset's zero mean / unit std statistics are the right ones to apply.
+    """
+    spec = ClipSpec.for_preset(preset)
+    rng = split_rng(seed, "train", 10**7)
+    video = frames_to_model(render_windows(world, spec, rng, clips, 1 + 4 * spec.chunk_latent_frames))
+    mu = torch.cat([vae.encode(v[None]) for v in video])  # [N, z, F, h, w], identity stats so far
+    mean = mu.mean(dim=(0, 2, 3, 4))
+    std = mu.std(dim=(0, 2, 3, 4)).clamp_min(1e-3)
+    z = vae.z_dim
+    w1, b1 = vae.conv1.weight, vae.conv1.bias  # [2z, 2z, 1, 1, 1], [2z]
+    w1[:z] /= std.view(z, 1, 1, 1, 1)
+    b1[:z] = (b1[:z] - mean) / std
+    w2, b2 = vae.conv2.weight, vae.conv2.bias  # [z, z, 1, 1, 1], [z]
+    b2 += w2[:, :, 0, 0, 0] @ mean
+    w2 *= std.view(1, z, 1, 1, 1)
+    return {"mean": mean.tolist(), "std": std.tolist()}
