@@ -47,11 +47,12 @@ PROMPTS = ("", "", "a walk through the town", "streets and towers", "walking", "
 
 @dataclass(frozen=True)
 class DiTTrainConfig:
-    steps: int = 3000
+    steps: int = 2600
     batch: int = 8
     lr: float = 4e-4
     warmup_steps: int = 100
     last_step_prob: float = 0.4  # how often a chunk is noised to the sampler's last timestep
+    bf16: bool = True  # autocast matmuls to bf16 (fp32 master weights): 1.8× faster on AVX-512 CPUs
     checkpoint_every: int = 100
     seed: int = 0
 
@@ -171,7 +172,8 @@ def train_dit(
         text = [prompts[int(i)] for i in rng.integers(0, len(prompts), cfg.batch)]
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps)
-        loss, per_chunk = train_step(dit, preset, x0, cond, cams, text, gen, cfg.last_step_prob)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            loss, per_chunk = train_step(dit, preset, x0, cond, cams, text, gen, cfg.last_step_prob)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(dit.parameters(), 1.0)

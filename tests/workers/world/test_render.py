@@ -225,3 +225,15 @@ def test_render_speed(world: World) -> None:
         world.render(pose, intr, 128, 128)
         times.append(time.perf_counter() - t)
     assert min(times) < 0.05  # ≈ 3 ms on a 2-core CPU; generous for loaded CI machines
+
+
+def test_paths_can_start_anywhere(world: World) -> None:
+    from workers.world import random_start
+
+    start = random_start(np.random.default_rng(3), world)
+    assert world.is_free(start.position[0], start.position[2], 0.4) and start.pitch_deg == 0.0
+    poses = simulate_path(world, [ChunkControl.from_keys(["w"])], 1, MOTION, collision="none", start=start)
+    assert np.allclose(poses.c2w[0], start.c2w().numpy())
+    heading = np.array([math.sin(math.radians(start.yaw_deg)), 0.0, math.cos(math.radians(start.yaw_deg))])
+    moved = poses.c2w[-1][:3, 3] - poses.c2w[0][:3, 3]
+    assert np.allclose(moved, heading * MOTION.move_step_per_frame * (len(poses.c2w) - 1))

@@ -1,0 +1,74 @@
+"""The embedded `gridworld` preset's shipped weights: strict loading, determinism, and a generated
+world that answers the keys the way the renderer's world does."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from benchmarks.image_metrics import psnr_db
+from workers.models import loading
+from workers.models.camera import ChunkControl
+from workers.models.presets import DEFAULT_PRESET, GRIDWORLD
+from workers.serial_engine import SerialEngine
+from workers.training.clips import WORLD_SEED, ClipSpec, render_clip
+from workers.world import World
+
+BUNDLE = loading.BUNDLED_ROOT / "gridworld"
+
+
+@pytest.fixture(scope="module")
+def engine() -> SerialEngine:
+    return SerialEngine.load("gridworld")
+
+
+@pytest.fixture(scope="module")
+def world() -> World:
+    return World.generate(WORLD_SEED)
+
+
+def _generate(engine: SerialEngine, image: np.ndarray, keys: list[str], chunks: int, seed: int = 0) -> np.ndarray:
+    session = engine.create_session(image, prompt="", seed=seed)
+    return np.concatenate([session.step(ChunkControl.from_keys(keys)).frames for _ in range(chunks)])
+
+
+def test_gridworld_is_the_default_and_its_weights_load_strictly() -> None:
+    assert DEFAULT_PRESET == "gridworld"
+    results = loading.verify_checkpoint(GRIDWORLD, BUNDLE)
+    assert all(isinstance(r, loading.KeyReport) and r.ok for r in results.values()), results
+    total = sum(p.stat().st_size for p in BUNDLE.rglob("*") if p.is_file())
+    assert total < 30 * 2**20, f"bundled weights are {total / 2**20:.1f} MiB"
+    card = json.loads((BUNDLE / loading.MODEL_CARD).read_text())
+    assert card["preset"] == "gridworld" and card["training"]["dit"]["steps"] > 0
+
+
+def test_missing_bundled_weights_say_how_to_get_them() -> None:
+    with pytest.raises(FileNotFoundError, match=r"python -m workers\.training"):
+        loading.checkpoint_dir_for(replace(GRIDWORLD, bundled_weights="not-there"), None)
+
+
+def test_generation_is_deterministic_and_not_degenerate(engine: SerialEngine, world: World) -> None:
+    start = ClipSpec.for_preset(GRIDWORLD)
+    image = world.render(world.start_pose(), start.intrinsics, GRIDWORLD.height_px, GRIDWORLD.width_px)
+    a = _generate(engine, image, ["w"], chunks=2)
+    b = _generate(engine, image, ["w"], chunks=2)
+    assert np.array_equal(a, b)
+    assert a.shape == (29, 128, 128, 3)
+    assert a.reshape(len(a), -1).std(axis=1).min() > 10.0, "a generated frame is (nearly) constant"
+    assert psnr_db(a[-1:], a[:1])[0] < 30.0, "walking forward did not change the view"
+
+
+def test_turning_left_looks_like_the_renderers_left_view(engine: SerialEngine, world: World) -> None:
+    spec = ClipSpec.for_preset(GRIDWORLD)
+    state = world.start_state()
+    image = world.render(world.start_pose(), spec.intrinsics, GRIDWORLD.height_px, GRIDWORLD.width_px)
+    made, truth = {}, {}
+    for key in ("j", "l"):  # turn left, turn right: 42° each way after 28 frames
+        made[key] = _generate(engine, image, [key], chunks=2)[-1:]
+        truth[key] = render_clip(world, spec, state, (ChunkControl.from_keys([key]),) * 2).frames[-1:]
+    for key, other in (("j", "l"), ("l", "j")):
+        own, wrong = psnr_db(made[key], truth[key])[0], psnr_db(made[key], truth[other])[0]
+        assert own > wrong + 1.0, f"after {key!r}: {own:.2f} dB to its own view, {wrong:.2f} dB to the other"
