@@ -60,7 +60,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def _vae_config(args: argparse.Namespace) -> VAETrainConfig:
     # Shorter runs (smoke tests) keep the phases' proportions.
     full = min(VAETrainConfig.full_res_steps, args.vae_steps // 6)
-    short = min(VAETrainConfig.short_clip_steps, args.vae_steps // 5)
+    short = min(VAETrainConfig.short_clip_steps, args.vae_steps // 4)
     return VAETrainConfig(steps=args.vae_steps, full_res_steps=full, short_clip_steps=short, seed=args.seed)
 
 

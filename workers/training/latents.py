@@ -39,7 +39,7 @@ from workers.world import World
 
 @dataclass(frozen=True)
 class LatentSetConfig:
-    starts: int = 240
+    starts: int = 200
     paths_per_start: int = 4
     chunks: int = 4  # per clip; with the preset's window (12 frames, 2 sink) chunk 3 sees a rolled cache
     seed: int = 0

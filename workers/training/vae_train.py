@@ -34,7 +34,7 @@ from workers.world import World, simulate_path
 
 @dataclass(frozen=True)
 class VAETrainConfig:
-    steps: int = 2000
+    steps: int = 1800
     full_res_steps: int = 150  # the last steps use whole frames, at half the batch
     batch: int = 8
     short_clip_steps: int = 400  # the first steps use 1 + 4 frames, the rest 1 + 8
