@@ -23,7 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from workers.models.presets import ModelPreset, get_preset
 from workers.models.vae import WanVAE
@@ -53,6 +53,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--starts", type=int, default=LatentSetConfig.starts, help="start poses in the DiT data set")
     p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="processes encoding latents")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch CPU threads for training")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="training device")
     p.add_argument("--install", action="store_true", help="copy the exported weights into the package")
     return p.parse_args(argv)
 
@@ -70,11 +71,9 @@ def phase_vae(args: argparse.Namespace, preset: ModelPreset, world: World) -> No
         print(f"[vae] {final} exists, skipping", flush=True)
         return
     cfg = _vae_config(args)
-    vae = train_vae(preset, world, args.out, cfg)
+    vae = train_vae(preset, world, args.out, cfg, torch.device(args.device))
     stats = fold_latent_stats(vae, world, preset, args.seed)
-    from safetensors.torch import save_file
-
-    save_file({k: v.contiguous() for k, v in vae.state_dict().items()}, str(final))
+    save_file({k: v.detach().cpu().contiguous() for k, v in vae.state_dict().items()}, str(final))
     wall_s = torch.load(args.out / "vae.ckpt.pt", weights_only=False).get("wall_s")
     info = {"config": asdict(cfg), "wall_s": wall_s, "latent_stats_folded": stats}
     (args.out / "vae.json").write_text(json.dumps(info, indent=2))
@@ -92,7 +91,7 @@ def phase_latents(args: argparse.Namespace, preset: ModelPreset) -> None:
         print(f"[latents] {final} exists, skipping", flush=True)
         return
     cfg = LatentSetConfig(starts=args.starts, seed=args.seed, workers=args.workers)
-    build_latent_set(preset, args.out / "vae.safetensors", final, cfg)
+    build_latent_set(preset, args.out / "vae.safetensors", final, cfg, args.device)
 
 
 def _dit_config(args: argparse.Namespace) -> DiTTrainConfig:
@@ -101,7 +100,7 @@ def _dit_config(args: argparse.Namespace) -> DiTTrainConfig:
 
 def phase_dit(args: argparse.Namespace, preset: ModelPreset) -> None:
     data = LatentSet(torch.load(args.out / "latents.pt", weights_only=False), preset)
-    train_dit(preset, data, random_text_encoder(preset), args.out, _dit_config(args))
+    train_dit(preset, data, random_text_encoder(preset), args.out, _dit_config(args), torch.device(args.device))
 
 
 def phase_export(args: argparse.Namespace, preset: ModelPreset) -> Path:

@@ -52,7 +52,7 @@ class DiTTrainConfig:
     lr: float = 4e-4
     warmup_steps: int = 100
     last_step_prob: float = 0.4  # how often a chunk is noised to the sampler's last timestep
-    bf16: bool = True  # autocast matmuls to bf16 (fp32 master weights): 1.8× faster on AVX-512 CPUs
+    bf16: bool = True  # autocast matmuls to bf16 (fp32 master weights): 1.8× faster on AVX-512 CPUs too
     checkpoint_every: int = 100
     seed: int = 0
 
@@ -121,21 +121,23 @@ def train_step(
         local_attn_size_frames=cfg.local_attn_size_frames,
         sink_size_frames=cfg.sink_size_frames,
     )
-    cache = SessionKVCache(spec, torch.float32, x0.device)
-    text_kv = dit.text_kv(text)
+    device = x0.device
+    cache = SessionKVCache(spec, torch.float32, device)
+    text_kv = dit.text_kv([t.to(device) for t in text])
     steps = len(schedule.timesteps)
     total = x0.new_zeros(())
     per_chunk = []
     for k in range(frames // chunk):
         sl = slice(k * chunk, (k + 1) * chunk)
         clean, c = x0[:, :, sl], cond[:, :, sl]
+        # Drawn on the CPU generator whatever the device, so a seed means the same draws everywhere.
         last = torch.rand(b, generator=gen) < last_step_prob
         idx = torch.where(last, steps - 1, torch.randint(0, steps, (b,), generator=gen))
-        sigma = schedule.sigmas[idx].view(b, 1, 1, 1, 1)
-        noise = torch.randn(clean.shape, generator=gen)
+        sigma = schedule.sigmas[idx].view(b, 1, 1, 1, 1).to(device)
+        noise = torch.randn(clean.shape, generator=gen).to(device)
         x_t = (1 - sigma) * clean + sigma * noise
         camera = dit.chunk_camera(cams[:, :, sl])
-        v = dit(x_t, c, schedule.timesteps[idx], text_kv, camera, k * chunk, cache, commit=False)
+        v = dit(x_t, c, schedule.timesteps[idx].to(device), text_kv, camera, k * chunk, cache, commit=False)
         pred = x_t - sigma * v
         mse = (pred - clean).pow(2).mean()
         total = total + mse
@@ -143,16 +145,22 @@ def train_step(
         # The staged K/V of this chunk are saved for backward; commit into fresh buffers.
         for layer in cache.layers:
             layer.k, layer.v = layer.k.detach().clone(), layer.v.detach().clone()
-        committed = torch.where(last.view(b, 1, 1, 1, 1), pred.detach(), clean)
+        committed = torch.where(last.view(b, 1, 1, 1, 1).to(device), pred.detach(), clean)
         with torch.no_grad():
-            dit(committed, c, torch.zeros(b), text_kv, camera, k * chunk, cache, commit=True)
+            dit(committed, c, torch.zeros(b, device=device), text_kv, camera, k * chunk, cache, commit=True)
     return total / (frames // chunk), per_chunk
 
 
 def train_dit(
-    preset: ModelPreset, data: LatentSet, text_encoder: TextEncoder, out_dir: Path, cfg: DiTTrainConfig
+    preset: ModelPreset,
+    data: LatentSet,
+    text_encoder: TextEncoder,
+    out_dir: Path,
+    cfg: DiTTrainConfig,
+    device: torch.device | None = None,
 ) -> WanDiT:
-    dit = new_dit(preset, cfg.seed)
+    device = device or torch.device("cpu")
+    dit = new_dit(preset, cfg.seed).to(device)
     dit.train()
     opt = torch.optim.AdamW(dit.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.01)
     path = out_dir / "dit.ckpt.pt"
@@ -168,11 +176,11 @@ def train_dit(
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         rng = np.random.default_rng([cfg.seed, step])
         idx = torch.from_numpy(rng.choice(len(data), cfg.batch, replace=False))
-        x0, cond, cams = data.batch(idx)
+        x0, cond, cams = (t.to(device) for t in data.batch(idx))
         text = [prompts[int(i)] for i in rng.integers(0, len(prompts), cfg.batch)]
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
             loss, per_chunk = train_step(dit, preset, x0, cond, cams, text, gen, cfg.last_step_prob)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -7,11 +7,12 @@ is encoded once and shared by its paths. Clips are rendered with walls stopping 
 controls are stored so the camera input is computed at training time by the server's own
 integration (`CameraTrack`), which knows nothing about walls, exactly as at inference.
 
-Encoding is split over worker processes (one thread each), by start.
+Encoding is split over worker processes by start (one thread each on the CPU; one process on a GPU).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
@@ -22,7 +23,7 @@ from safetensors.torch import load_file
 
 from workers.images import to_model_range
 from workers.models.camera import ChunkControl
-from workers.models.presets import ModelPreset, get_preset
+from workers.models.presets import ModelPreset
 from workers.models.vae import WanVAE
 from workers.stages.condition import ImageConditionStream
 from workers.training.clips import (
@@ -54,12 +55,11 @@ def control_from_dict(d: dict) -> ChunkControl:
     return ChunkControl(keys=frozenset(d["keys"]), look_dx_px=d["look_dx_px"], look_dy_px=d["look_dy_px"])
 
 
-def _encode_starts(preset_name: str, vae_path: str, cfg: LatentSetConfig, indices: list[int]) -> dict:
+def _encode_starts(preset: ModelPreset, vae_path: str, cfg: LatentSetConfig, indices: list[int], device: str) -> dict:
     torch.set_num_threads(1)
-    preset = get_preset(preset_name)
     vae = WanVAE(preset.vae)
     vae.load_state_dict(load_file(vae_path), strict=True)
-    vae.eval()
+    vae.eval().to(device)
     world = World.generate(WORLD_SEED)
     spec = ClipSpec.for_preset(preset)
     latents, conds, controls, start_of = [], [], [], []
@@ -71,23 +71,23 @@ def _encode_starts(preset_name: str, vae_path: str, cfg: LatentSetConfig, indice
                 clip = render_clip(world, spec, start, sample_controls(rng, world, spec, start, cfg.chunks))
                 if not conds or start_of[-1] != n:
                     stream = ImageConditionStream(vae, to_model_range(clip.frames[0]), preset, spec.chunk_latent_frames)
-                    conds.append(torch.cat([stream.next_chunk() for _ in range(cfg.chunks)], dim=2)[0])
-                latents.append(vae.encode(frames_to_model(clip.frames))[0])
+                    conds.append(torch.cat([stream.next_chunk() for _ in range(cfg.chunks)], dim=2)[0].cpu())
+                latents.append(vae.encode(frames_to_model(clip.frames).to(device))[0].cpu())
                 controls.append([control_to_dict(c) for c in clip.controls])
                 start_of.append(n)
     return {"latents": latents, "conds": conds, "controls": controls, "start_of": start_of}
 
 
-def build_latent_set(preset: ModelPreset, vae_path: Path, out_path: Path, cfg: LatentSetConfig) -> dict:
+def build_latent_set(
+    preset: ModelPreset, vae_path: Path, out_path: Path, cfg: LatentSetConfig, device: str = "cpu"
+) -> dict:
     """Render and encode the set; writes `out_path` (a torch file) and returns it."""
     t0 = time.time()
-    shards = [list(range(w, cfg.starts, cfg.workers)) for w in range(cfg.workers)]
-    with ProcessPoolExecutor(cfg.workers) as pool:
-        parts = list(
-            pool.map(
-                _encode_starts, [preset.name] * cfg.workers, [str(vae_path)] * cfg.workers, [cfg] * cfg.workers, shards
-            )
-        )
+    workers = cfg.workers if device == "cpu" else 1  # one process drives a GPU
+    shards = [list(range(w, cfg.starts, workers)) for w in range(workers)]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        n = len(shards)
+        parts = list(pool.map(_encode_starts, [preset] * n, [str(vae_path)] * n, [cfg] * n, shards, [device] * n))
     latents, conds, controls, start_of = [], [], [], []
     for part in parts:
         base = len(conds)

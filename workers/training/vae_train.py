@@ -48,9 +48,8 @@ class VAETrainConfig:
     seed: int = 0
 
 
-def psnr_db(a: torch.Tensor, b: torch.Tensor) -> float:
-    """PSNR of two tensors in [-1, 1] (peak-to-peak 2)."""
-    mse = F.mse_loss(a.float(), b.float()).item()
+def psnr_db_from_mse(mse: float) -> float:
+    """PSNR of pixels in [-1, 1] (peak-to-peak 2) from their mean squared error."""
     return 10.0 * math.log10(4.0 / max(mse, 1e-12))
 
 
@@ -80,11 +79,13 @@ def _crop(video: torch.Tensor, size: int, rng: np.random.Generator) -> torch.Ten
     return video[..., top : top + size, left : left + size]
 
 
-def train_vae(preset: ModelPreset, world: World, out_dir: Path, cfg: VAETrainConfig) -> WanVAE:
+def train_vae(
+    preset: ModelPreset, world: World, out_dir: Path, cfg: VAETrainConfig, device: torch.device | None = None
+) -> WanVAE:
     """Train (or resume) to cfg.steps; returns the trained VAE (statistics not yet folded)."""
     spec = ClipSpec.for_preset(preset)
     torch.manual_seed(cfg.seed)
-    vae = WanVAE(preset.vae)
+    vae = WanVAE(preset.vae).to(device or torch.device("cpu"))
     opt = torch.optim.AdamW(vae.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
     path = out_dir / "vae.ckpt.pt"
     state = checkpoint.resume(path, vae, opt)
@@ -102,6 +103,7 @@ def train_vae(preset: ModelPreset, world: World, out_dir: Path, cfg: VAETrainCon
         video = frames_to_model(render_windows(world, spec, rng, cfg.batch // 2 if full_res else cfg.batch, frames))
         if not full_res:
             video = _crop(video, cfg.crop_px, rng)
+        video = video.to(vae.conv1.weight.device)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps)
         latents = vae.encode(video)
@@ -113,7 +115,7 @@ def train_vae(preset: ModelPreset, world: World, out_dir: Path, cfg: VAETrainCon
         torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
         opt.step()
         step += 1
-        progress.update(step, loss=loss.item(), psnr_db=10.0 * math.log10(4.0 / max(mse.item(), 1e-12)))
+        progress.update(step, loss=loss.item(), psnr_db=psnr_db_from_mse(mse.item()))
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
             checkpoint.save(path, step, vae, opt, wall_s=wall_s + time.perf_counter() - t_run)
     return vae.eval()
@@ -129,7 +131,8 @@ def fold_latent_stats(vae: WanVAE, world: World, preset: ModelPreset, seed: int,
     spec = ClipSpec.for_preset(preset)
     rng = split_rng(seed, "train", 10**7)
     video = frames_to_model(render_windows(world, spec, rng, clips, 1 + 4 * spec.chunk_latent_frames))
-    mu = torch.cat([vae.encode(v[None]) for v in video])  # [N, z, F, h, w], identity stats so far
+    device = vae.conv1.weight.device
+    mu = torch.cat([vae.encode(v[None].to(device)) for v in video])  # [N, z, F, h, w], identity stats so far
     mean = mu.mean(dim=(0, 2, 3, 4))
     std = mu.std(dim=(0, 2, 3, 4)).clamp_min(1e-3)
     z = vae.z_dim
