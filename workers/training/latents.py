@@ -75,6 +75,8 @@ def _encode_starts(preset: ModelPreset, vae_path: str, cfg: LatentSetConfig, ind
                 latents.append(vae.encode(frames_to_model(clip.frames).to(device))[0].cpu())
                 controls.append([control_to_dict(c) for c in clip.controls])
                 start_of.append(n)
+            if (n + 1) % 10 == 0 or n + 1 == len(indices):
+                print(f"[latents] {n + 1}/{len(indices)} starts of this worker encoded", flush=True)
     return {"latents": latents, "conds": conds, "controls": controls, "start_of": start_of}
 
 
