@@ -47,7 +47,7 @@ PROMPTS = ("", "", "a walk through the town", "streets and towers", "walking", "
 
 @dataclass(frozen=True)
 class DiTTrainConfig:
-    steps: int = 2200
+    steps: int = 1500
     batch: int = 8
     lr: float = 4e-4
     warmup_steps: int = 100

@@ -49,7 +49,17 @@ def test_splits_keep_eval_starts_out_of_training(world: World) -> None:
 def test_vae_training_reduces_reconstruction_error_and_folds_stats_exactly(world: World, tmp_path: Path) -> None:
     spec = ClipSpec.for_preset(SMALL)
     probe = frames_to_model(render_windows(world, spec, split_rng(1, "eval", 0), 2, 5))[..., :32, :32]
-    cfg = VAETrainConfig(steps=12, full_res_steps=0, batch=2, crop_px=32, lr=1e-3, warmup_steps=1, checkpoint_every=6)
+    cfg = VAETrainConfig(
+        steps=12,
+        full_res_steps=0,
+        long_stream_steps=2,  # the last two steps stream 1 + 8·2 frames in segments
+        stream_segments=2,
+        batch=2,
+        crop_px=32,
+        lr=1e-3,
+        warmup_steps=1,
+        checkpoint_every=6,
+    )
     torch.manual_seed(cfg.seed)  # what train_vae seeds before building its VAE: the same initial weights
     initial = WanVAE(SMALL.vae)
     with torch.no_grad():
