@@ -63,6 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--walk-chunks", type=int, default=WALK_CHUNKS, help="chunks per walk (11: 10.8 s)")
     p.add_argument("--control-starts", type=int, default=10, help="held-out starts for controllability")
     p.add_argument("--strip", type=Path, default=None, help="strip PNG (default: next to --out)")
+    p.add_argument("--card", type=Path, default=None, help="model card JSON to record the headline figures in")
     return p.parse_args(argv)
 
 
@@ -148,8 +149,8 @@ def controllability(engine: SerialEngine, world: World, spec: ClipSpec, starts: 
     fps = engine.preset.fps
     names = list(CONTROLS)
     confusion = {n: dict.fromkeys(names, 0) for n in names}
-    index, trials = 10_000, []
-    while len(trials) < starts:
+    index, trials, used = 10_000, [], 0
+    while used < starts:
         rng = split_rng(EVAL_SEED, "eval", index)
         index += 1
         start = sample_start(rng, world, "eval")
@@ -168,9 +169,23 @@ def controllability(engine: SerialEngine, world: World, spec: ClipSpec, starts: 
             guess = max(scores, key=scores.__getitem__)
             confusion[name][guess] += 1
             trials.append({"control": name, "guess": guess, "psnr_db": scores})
-        _log(f"controllability start {len(trials) // len(names)}/{starts}")
+        used += 1
+        _log(f"controllability start {used}/{starts}")
     right = sum(t["control"] == t["guess"] for t in trials)
     return {"accuracy": right / len(trials), "trials": len(trials), "confusion": confusion, "detail": trials}
+
+
+def record_in_card(card_path: Path, report: dict) -> None:
+    """Put an EVAL report's headline figures into a model card."""
+    card = json.loads(card_path.read_text())
+    card["evaluation"] = {
+        "command": "python -m benchmarks.world_eval --out EVAL.json",
+        "walks": len(report["walking"]["walks"]),
+        "controllability_trials": report["controllability"]["trials"],
+        "headline": report["headline"],
+        "targets_met": report["targets_met"],
+    }
+    card_path.write_text(json.dumps(card, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
+    if args.card is not None:
+        record_in_card(args.card, report)
     for key, value in headline.items():
         target = TARGETS.get(key)
         mark = "" if target is None else f"  (target {target}: {'met' if met[key] else 'NOT met'})"
