@@ -15,10 +15,11 @@ import torch
 
 from workers.models.camera import CameraMotion, CameraState, ChunkControl, Intrinsics
 from workers.models.presets import ModelPreset
-from workers.world import World, random_controls, random_start, render_path
+from workers.world import EMBEDDED_WORLD_SEED, World, random_controls, random_start, render_path
+
+WORLD_SEED = EMBEDDED_WORLD_SEED
 
 Split = Literal["train", "eval"]
-WORLD_SEED = 7  # the embedded preset's place
 _SPLIT_SEED_OFFSET = {"train": 0, "eval": 1_000_003}
 
 

@@ -18,9 +18,10 @@ from workers.world.paths import (
     simulate_path,
 )
 from workers.world.render import RenderLayers, render_layers, render_view
-from workers.world.world import World
+from workers.world.world import EMBEDDED_WORLD_SEED, World
 
 __all__ = [
+    "EMBEDDED_WORLD_SEED",
     "MapConfig",
     "PathPoses",
     "RenderLayers",

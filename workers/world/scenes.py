@@ -18,7 +18,7 @@ from PIL import Image
 from workers.models.camera import CameraState, Intrinsics
 from workers.world.paths import free_distance, random_start
 from workers.world.render import TOWER_HIT
-from workers.world.world import World
+from workers.world.world import EMBEDDED_WORLD_SEED, World
 
 _CANDIDATES = 200
 _CANDIDATE_SEED = 11
@@ -54,14 +54,13 @@ def render_scenes(world: World, height_px: int, width_px: int) -> dict[str, np.n
 
 def main(argv: list[str] | None = None) -> None:
     from workers.models.presets import DEFAULT_PRESET, get_preset
-    from workers.training.clips import WORLD_SEED
 
     p = argparse.ArgumentParser(prog="python -m workers.world.scenes", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="directory for <name>.png")
     args = p.parse_args(argv)
     preset = get_preset(DEFAULT_PRESET)
     args.out.mkdir(parents=True, exist_ok=True)
-    for name, rgb in render_scenes(World.generate(WORLD_SEED), preset.height_px, preset.width_px).items():
+    for name, rgb in render_scenes(World.generate(EMBEDDED_WORLD_SEED), preset.height_px, preset.width_px).items():
         Image.fromarray(rgb).save(args.out / f"{name}.png")
         print(f"wrote {args.out / name}.png")
 

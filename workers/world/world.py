@@ -8,6 +8,8 @@ from workers.models.camera import CameraState, Intrinsics
 from workers.world.map import MapConfig, WorldMap, generate_map
 from workers.world.render import RenderLayers, render_layers
 
+EMBEDDED_WORLD_SEED = 7  # the place the embedded `gridworld` preset was trained on
+
 
 class World:
     """A procedural grid place (see map.py for frames and units), deterministic from its seed."""
