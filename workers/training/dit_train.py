@@ -8,10 +8,11 @@ chunk is committed with a t = 0 forward, as inference commits it. Chunk 3 of a 4
 attends through a rolled window (sink + recent frames), so training sees the cache states a long
 session reaches.
 
-Exposure bias: inference commits the model's own x0 from its last step, not the truth. When a
-clip's chunk was noised to that last timestep, its prediction (detached) is committed in place of
-the true latents, so later chunks learn to continue from the model's own output, still towards
-the true continuation.
+Exposure bias: inference commits the model's own x0 from its last step, not the truth. With
+probability `last_step_prob` a clip's chunk is noised to that last timestep and its prediction
+(detached) is committed in place of the true latents, so later chunks learn to continue from the
+model's own output, still towards the true continuation. (Other chunks draw their timestep
+uniformly, the last one included; those commit the truth.)
 
 Conditioning matches inference: the image condition is the stored start-image stream, the camera
 is the server's integration of the clip's keys (`CameraTrack`), and the prompt is drawn from a small
