@@ -48,6 +48,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--phase", choices=(*PHASES, "all"), default="all")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vae-steps", type=int, default=VAETrainConfig.steps)
+    p.add_argument(
+        "--vae-long-stream-steps",
+        type=int,
+        default=VAETrainConfig.long_stream_steps,
+        help="the VAE's last steps on long streams (truncated backpropagation through its caches)",
+    )
     p.add_argument("--dit-steps", type=int, default=DiTTrainConfig.steps)
     p.add_argument("--dit-batch", type=int, default=DiTTrainConfig.batch)
     p.add_argument("--starts", type=int, default=LatentSetConfig.starts, help="start poses in the DiT data set")
@@ -62,7 +68,13 @@ def _vae_config(args: argparse.Namespace) -> VAETrainConfig:
     # Shorter runs (smoke tests) keep the phases' proportions.
     full = min(VAETrainConfig.full_res_steps, args.vae_steps // 6)
     short = min(VAETrainConfig.short_clip_steps, args.vae_steps // 4)
-    return VAETrainConfig(steps=args.vae_steps, full_res_steps=full, short_clip_steps=short, seed=args.seed)
+    return VAETrainConfig(
+        steps=args.vae_steps,
+        full_res_steps=full,
+        short_clip_steps=short,
+        long_stream_steps=args.vae_long_stream_steps,
+        seed=args.seed,
+    )
 
 
 def phase_vae(args: argparse.Namespace, preset: ModelPreset, world: World) -> None:
