@@ -101,6 +101,15 @@ class SessionKVCache:
         """Latent frames committed so far: the start frame of the next chunk."""
         return self.layers[0].total_committed // self.spec.tokens_per_frame
 
+    def detach_(self) -> None:
+        """Move every layer to fresh buffers holding the same K/V, cut from any autograd graph.
+
+        Training runs a staged forward with gradients and then commits with a t = 0 forward; the
+        staged K/V were saved for backward, so the commit must not overwrite them in place.
+        """
+        for layer in self.layers:
+            layer.k, layer.v = layer.k.detach().clone(), layer.v.detach().clone()
+
     def nbytes(self) -> int:
         return sum(layer.k.nbytes + layer.v.nbytes for layer in self.layers)
 

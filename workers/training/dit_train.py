@@ -143,9 +143,7 @@ def train_step(
         mse = (pred - clean).pow(2).mean()
         total = total + mse
         per_chunk.append(mse.item())
-        # The staged K/V of this chunk are saved for backward; commit into fresh buffers.
-        for layer in cache.layers:
-            layer.k, layer.v = layer.k.detach().clone(), layer.v.detach().clone()
+        cache.detach_()  # the staged K/V are saved for backward: commit into fresh buffers
         committed = torch.where(last.view(b, 1, 1, 1, 1).to(device), pred.detach(), clean)
         with torch.no_grad():
             dit(committed, c, torch.zeros(b, device=device), text_kv, camera, k * chunk, cache, commit=True)
