@@ -72,7 +72,7 @@ def _vae_config(args: argparse.Namespace) -> VAETrainConfig:
         steps=args.vae_steps,
         full_res_steps=full,
         short_clip_steps=short,
-        long_stream_steps=args.vae_long_stream_steps,
+        long_stream_steps=min(args.vae_long_stream_steps, args.vae_steps // 4),
         seed=args.seed,
     )
 
@@ -86,8 +86,13 @@ def phase_vae(args: argparse.Namespace, preset: ModelPreset, world: World) -> No
     vae = train_vae(preset, world, args.out, cfg, torch.device(args.device))
     stats = fold_latent_stats(vae, world, preset, args.seed)
     save_file({k: v.detach().cpu().contiguous() for k, v in vae.state_dict().items()}, str(final))
-    wall_s = torch.load(args.out / "vae.ckpt.pt", weights_only=False).get("wall_s")
-    info = {"config": asdict(cfg), "wall_s": wall_s, "latent_stats_folded": stats}
+    state = torch.load(args.out / "vae.ckpt.pt", weights_only=False)
+    info = {
+        "config": asdict(cfg),
+        "wall_s": state.get("wall_s"),
+        "history": state.get("history", []),
+        "latent_stats_folded": stats,
+    }
     (args.out / "vae.json").write_text(json.dumps(info, indent=2))
 
 
@@ -121,6 +126,7 @@ def phase_export(args: argparse.Namespace, preset: ModelPreset) -> Path:
     if dit_state is None:
         raise FileNotFoundError(f"no DiT checkpoint in {args.out}; run the dit phase first")
     vae_info = json.loads((args.out / "vae.json").read_text())
+    vae = vae_info["config"]
     latents = torch.load(args.out / "latents.pt", weights_only=False)
     card = {
         "preset": preset.name,
@@ -135,16 +141,20 @@ def phase_export(args: argparse.Namespace, preset: ModelPreset) -> Path:
         "world": {"generator": "workers.world", "seed": WORLD_SEED},
         "data": {
             "vae": "rendered on the fly from the train split; "
-            f"{vae_info['config']['steps']} steps × {vae_info['config']['batch']} clips × "
-            f"{vae_info['config']['clip_frames']} frames",
+            f"{vae['steps']} steps × {vae['batch']} clips × {vae['clip_frames']} frames, the last "
+            f"{vae['long_stream_steps']} on streams of 1 + 8·{vae['stream_segments']} frames (decoder only)",
             "dit": f"{len(latents['latents'])} clips of {latents['config']['chunks']} chunks from "
             f"{latents['config']['starts']} train-split starts ({latents['config']['paths_per_start']} paths each)",
             "held_out": "evaluation starts lie only in held-out cells; evaluation paths use their own seeds",
         },
         "training": {
-            "vae": {"steps": vae_info["config"]["steps"], "wall_s": vae_info["wall_s"], "config": vae_info["config"]},
+            "vae": {"steps": vae["steps"], "wall_s": vae_info["wall_s"], "history": vae_info["history"]},
             "latents": {"wall_s": latents["wall_s"]},
-            "dit": {"steps": dit_state["step"], "wall_s": dit_state.get("wall_s"), "config": asdict(_dit_config(args))},
+            "dit": {
+                "steps": dit_state["step"],
+                "wall_s": dit_state.get("wall_s"),
+                "history": dit_state.get("history", []),
+            },
         },
         "hardware": hardware(),
         "text": "the text encoder keeps seeded random weights; prompts do not steer this world",

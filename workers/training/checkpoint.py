@@ -1,8 +1,14 @@
-"""Training checkpoints: model, optimiser and step in one file, written atomically, resumed on start."""
+"""Training checkpoints: model, optimiser and step in one file, written atomically, resumed on start.
+
+A checkpoint also carries its history: one entry per run that trained it (the steps it covered, its
+config, its wall time), so a model card says exactly how resumed weights were made, even when a
+later run changed the schedule or the recipe.
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -27,3 +33,9 @@ def resume(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None
     if optimizer is not None:
         optimizer.load_state_dict(state["optimizer"])
     return state
+
+
+def history(state: dict[str, Any] | None, start_step: int, step: int, config: Any, wall_s: float) -> list[dict]:
+    """The resumed checkpoint's history plus this run (steps start_step → step, `config` a dataclass)."""
+    earlier = list(state.get("history", [])) if state else []
+    return [*earlier, {"steps": [start_step, step], "config": asdict(config), "wall_s": round(wall_s, 1)}]

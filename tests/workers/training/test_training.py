@@ -16,6 +16,7 @@ from workers.training.clips import WORLD_SEED, ClipSpec, frames_to_model, heldou
 from workers.training.dit_train import (
     DiTTrainConfig,
     LatentSet,
+    make_optimizer,
     new_dit,
     random_text_encoder,
     train_dit,
@@ -64,7 +65,14 @@ def test_vae_training_reduces_reconstruction_error_and_folds_stats_exactly(world
     initial = WanVAE(SMALL.vae)
     with torch.no_grad():
         before = F.mse_loss(initial.decode(initial.encode(probe)), probe).item()
+    # Train up to the long-stream steps, then resume through them: they change the decoder alone.
+    before_long = train_vae(SMALL, world, tmp_path, replace(cfg, steps=10, long_stream_steps=0)).state_dict()
+    before_long = {k: v.clone() for k, v in before_long.items()}
     vae = train_vae(SMALL, world, tmp_path, cfg)
+    after_long = vae.state_dict()
+    encoder_keys = [k for k in after_long if k.startswith(("encoder.", "conv1."))]
+    assert encoder_keys and all(torch.equal(before_long[k], after_long[k]) for k in encoder_keys)
+    assert not all(torch.equal(before_long[k], after_long[k]) for k in after_long if k.startswith("decoder."))
     with torch.no_grad():
         recon = vae.decode(vae.encode(probe))
         after = F.mse_loss(recon, probe).item()
@@ -73,6 +81,16 @@ def test_vae_training_reduces_reconstruction_error_and_folds_stats_exactly(world
         latents = vae.encode(probe)
         assert (vae.decode(latents) - recon).abs().max() < 1e-4  # folding is exact
     assert torch.load(tmp_path / "vae.ckpt.pt", weights_only=False)["step"] == 12
+
+
+def test_camera_path_trains_at_its_own_rate() -> None:
+    dit = new_dit(SMALL, 0)
+    rest, camera = make_optimizer(dit, DiTTrainConfig(camera_lr_scale=4.0)).param_groups
+    name_of = {id(p): n for n, p in dit.named_parameters()}
+    camera_names = {name_of[id(p)] for p in camera["params"]}
+    assert camera_names == {n for n in name_of.values() if "cam" in n or "c2ws" in n}
+    assert len(rest["params"]) + len(camera["params"]) == len(name_of)
+    assert (rest["lr_scale"], camera["lr_scale"]) == (1.0, 4.0)
 
 
 def test_dit_training_loss_goes_down_and_resumes(world: World, tmp_path: Path) -> None:
@@ -104,4 +122,6 @@ def test_dit_training_loss_goes_down_and_resumes(world: World, tmp_path: Path) -
     resumed = train_dit(SMALL, data, text_encoder, tmp_path, DiTTrainConfig(steps=3, batch=2, checkpoint_every=1))
     state = torch.load(tmp_path / "dit.ckpt.pt", weights_only=False)
     assert state["step"] == 3
+    assert [run["steps"] for run in state["history"]] == [[0, 2], [2, 3]]
+    assert [run["config"]["steps"] for run in state["history"]] == [2, 3]
     assert all(torch.equal(v, resumed.state_dict()[k]) for k, v in state["model"].items())
