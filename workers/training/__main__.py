@@ -32,7 +32,7 @@ from workers.training.clips import WORLD_SEED
 from workers.training.dit_train import DiTTrainConfig, LatentSet, new_dit, random_text_encoder, train_dit
 from workers.training.export import hardware, install, write_checkpoint
 from workers.training.latents import LatentSetConfig, build_latent_set
-from workers.training.vae_train import VAETrainConfig, fold_latent_stats, train_vae
+from workers.training.vae_train import VAETrainConfig, fold_latent_stats, measure_latent_stats, train_vae
 from workers.world import World
 
 PHASES = ("vae", "latents", "dit", "export")
@@ -84,7 +84,7 @@ def phase_vae(args: argparse.Namespace, preset: ModelPreset, world: World) -> No
         return
     cfg = _vae_config(args)
     vae = train_vae(preset, world, args.out, cfg, torch.device(args.device))
-    stats = fold_latent_stats(vae, world, preset, args.seed)
+    stats = fold_latent_stats(vae, *measure_latent_stats(vae, world, preset, args.seed))
     save_file({k: v.detach().cpu().contiguous() for k, v in vae.state_dict().items()}, str(final))
     state = torch.load(args.out / "vae.ckpt.pt", weights_only=False)
     info = {

@@ -175,20 +175,29 @@ def train_vae(
 
 
 @torch.no_grad()
-def fold_latent_stats(vae: WanVAE, world: World, preset: ModelPreset, seed: int, clips: int = 32) -> dict[str, list]:
-    """Measure per-channel latent mean/std on train clips and fold them into conv1 / conv2, in place.
-
-    Afterwards the encoder's output is already (mu − mean) / std and the decoder expects exactly
-    that, so the preset's zero mean / unit std statistics are the right ones to apply.
-    """
+def measure_latent_stats(
+    vae: WanVAE, world: World, preset: ModelPreset, seed: int, clips: int = 32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and std of the (not yet normalised) latents of train clips."""
     spec = ClipSpec.for_preset(preset)
     rng = split_rng(seed, "train", 10**7)
     video = frames_to_model(render_windows(world, spec, rng, clips, 1 + 4 * spec.chunk_latent_frames))
     device = vae.conv1.weight.device
     mu = torch.cat([vae.encode(v[None].to(device)) for v in video])  # [N, z, F, h, w], identity stats so far
-    mean = mu.mean(dim=(0, 2, 3, 4))
-    std = mu.std(dim=(0, 2, 3, 4)).clamp_min(1e-3)
+    return mu.mean(dim=(0, 2, 3, 4)), mu.std(dim=(0, 2, 3, 4)).clamp_min(1e-3)
+
+
+@torch.no_grad()
+def fold_latent_stats(vae: WanVAE, mean: torch.Tensor, std: torch.Tensor) -> dict[str, list]:
+    """Fold per-channel latent mean/std into conv1 / conv2, in place.
+
+    Afterwards the encoder's output is already (mu − mean) / std and the decoder expects exactly
+    that, so the preset's zero mean / unit std statistics are the right ones to apply. A VAE whose
+    decoder was continued with its encoder frozen is folded with the first run's statistics, so it
+    emits exactly the latents its DiT was trained on.
+    """
     z = vae.z_dim
+    mean, std = mean.to(vae.conv1.weight), std.to(vae.conv1.weight)
     w1, b1 = vae.conv1.weight, vae.conv1.bias  # [2z, 2z, 1, 1, 1], [2z]
     w1[:z] /= std.view(z, 1, 1, 1, 1)
     b1[:z] = (b1[:z] - mean) / std

@@ -23,7 +23,13 @@ from workers.training.dit_train import (
     train_step,
 )
 from workers.training.latents import LatentSetConfig, build_latent_set
-from workers.training.vae_train import VAETrainConfig, fold_latent_stats, render_windows, train_vae
+from workers.training.vae_train import (
+    VAETrainConfig,
+    fold_latent_stats,
+    measure_latent_stats,
+    render_windows,
+    train_vae,
+)
 from workers.world import World
 
 # The embedded preset's geometry with narrower networks, so a few steps take seconds.
@@ -77,7 +83,7 @@ def test_vae_training_reduces_reconstruction_error_and_folds_stats_exactly(world
         recon = vae.decode(vae.encode(probe))
         after = F.mse_loss(recon, probe).item()
         assert after < 0.9 * before, (before, after)
-        fold_latent_stats(vae, world, SMALL, seed=0, clips=2)
+        fold_latent_stats(vae, *measure_latent_stats(vae, world, SMALL, seed=0, clips=2))
         latents = vae.encode(probe)
         assert (vae.decode(latents) - recon).abs().max() < 1e-4  # folding is exact
     assert torch.load(tmp_path / "vae.ckpt.pt", weights_only=False)["step"] == 12
