@@ -1,9 +1,10 @@
 """Model presets as data: the shapes of every component, frozen and validated once.
 
 A preset names a DiT, a VAE and a text encoder configuration. The production presets mirror the
-public LingBot-World v2 checkpoints (Wan2.2-I2V-A14B base with camera layers); `tiny` uses the
-same classes with small widths so the whole stack runs on a CPU in tests. `tiny` carries random
-weights until a trained embedded model ships, and says so through `weights_note`.
+public LingBot-World v2 checkpoints (Wan2.2-I2V-A14B base with camera layers). `gridworld`, the
+default, uses the same classes with small widths and ships weights trained here on a procedural
+town, so the whole stack runs on a CPU; `tiny`, smaller and with random weights, is a test
+fixture and says so through `weights_note`.
 """
 
 from __future__ import annotations
