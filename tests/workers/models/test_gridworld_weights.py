@@ -61,11 +61,6 @@ def test_generation_is_deterministic_and_not_degenerate(engine: SerialEngine, wo
     assert psnr_db(a[-1:], a[:1])[0] < 30.0, "walking forward did not change the view"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the shipped early checkpoint barely follows the camera yet (world_eval controllability 0.25); "
-    "remove this marker when a retrained checkpoint passes",
-)
 def test_turning_left_looks_like_the_renderers_left_view(engine: SerialEngine, world: World) -> None:
     spec = ClipSpec.for_preset(GRIDWORLD)
     state = world.start_state()
