@@ -19,10 +19,10 @@ is the server's integration of the clip's keys (`CameraTrack`), and the prompt i
 pool, empty included, so the model learns to ignore text (this world has no prompts).
 
 Camera: the camera path starts as the identity and learns at `camera_lr_scale` × the rate; half the
-steps train first chunks only (see `first_chunk_share`). Trained on 8 clips (2 starts) alone, the model
-learns to tell their paths apart within 100 steps, but on held-out starts the
-gain from the true camera over another path's grows slowly (0.5 % → 2 % of the first chunk's loss
-over 400 first-chunk steps): control is learned last, and most slowly.
+steps train first chunks only (see `first_chunk_share`). Trained on 8 clips (2 starts) alone, the
+model learns to tell their paths apart within 100 steps, but on held-out starts the gain from the
+true camera over another path's grows slowly (0.5 % → 2 % of the first chunk's loss over 400
+first-chunk steps): control is learned last, and most slowly.
 """
 
 from __future__ import annotations
