@@ -88,8 +88,15 @@ class LatentSet:
     def __len__(self) -> int:
         return len(self.latents)
 
-    def batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.latents[idx].float(), self.conds[self.start_of[idx]].float(), self.cameras[idx].float()
+    @property
+    def frames(self) -> int:
+        return self.latents.shape[2]
+
+    def batch(self, idx: torch.Tensor, frames: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Clips `idx` as float32, cut to their first `frames` latent frames (default: all)."""
+        f = slice(0, frames)
+        latents, conds = self.latents[idx][:, :, f], self.conds[self.start_of[idx]][:, :, f]
+        return latents.float(), conds.float(), self.cameras[idx][:, :, f].float()
 
 
 def random_text_encoder(preset: ModelPreset) -> TextEncoder:
@@ -206,9 +213,9 @@ def train_dit(
         rng = np.random.default_rng([cfg.seed, step])
         first_only = rng.random() < cfg.first_chunk_share
         batch = min(2 * cfg.batch, len(data)) if first_only else cfg.batch
-        frames = preset.chunk_latent_frames if first_only else data.latents.shape[2]
+        frames = preset.chunk_latent_frames if first_only else data.frames
         idx = torch.from_numpy(rng.choice(len(data), batch, replace=False))
-        x0, cond, cams = (t[:, :, :frames].to(device) for t in data.batch(idx))
+        x0, cond, cams = (t.to(device) for t in data.batch(idx, frames))
         text = [prompts[int(i)] for i in rng.integers(0, len(prompts), batch)]
         for group in opt.param_groups:
             group["lr"] = group["lr_scale"] * lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps)
