@@ -8,6 +8,7 @@ Phases run in order; each resumes from its checkpoint, and skips itself when its
 (delete that file to redo it):
   vae      train the VAE on rendered clips  -> vae.ckpt.pt, then vae.safetensors (+ vae.json)
   latents  render and encode the DiT's clips -> latents.pt
+  moves    many more starts, one chunk each of single moves -> moves.pt (the DiT's first-chunk steps)
   dit      train the causal DiT              -> dit.ckpt.pt
   export   weights + model card              -> weights/  (the layout the strict loader reads)
 Seeds fix everything: the world, the clips, the initialisations and the noise.
@@ -31,11 +32,11 @@ from workers.training import checkpoint
 from workers.training.clips import WORLD_SEED
 from workers.training.dit_train import DiTTrainConfig, LatentSet, new_dit, random_text_encoder, train_dit
 from workers.training.export import hardware, install, write_checkpoint
-from workers.training.latents import LatentSetConfig, build_latent_set
+from workers.training.latents import LatentSetConfig, build_latent_set, first_chunk_set
 from workers.training.vae_train import VAETrainConfig, fold_latent_stats, measure_latent_stats, train_vae
 from workers.world import World
 
-PHASES = ("vae", "latents", "dit", "export")
+PHASES = ("vae", "latents", "moves", "dit", "export")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -57,6 +58,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dit-steps", type=int, default=DiTTrainConfig.steps)
     p.add_argument("--dit-batch", type=int, default=DiTTrainConfig.batch)
     p.add_argument("--starts", type=int, default=LatentSetConfig.starts, help="start poses in the DiT data set")
+    p.add_argument("--move-starts", type=int, default=1000, help="start poses in the first-chunk set of single moves")
     p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="processes encoding latents")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch CPU threads for training")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="training device")
@@ -111,13 +113,25 @@ def phase_latents(args: argparse.Namespace, preset: ModelPreset) -> None:
     build_latent_set(preset, args.out / "vae.safetensors", final, cfg, args.device)
 
 
+def phase_moves(args: argparse.Namespace, preset: ModelPreset) -> None:
+    final = args.out / "moves.pt"
+    if final.is_file():
+        print(f"[moves] {final} exists, skipping", flush=True)
+        return
+    cfg = first_chunk_set(args.move_starts, args.seed, args.workers)
+    build_latent_set(preset, args.out / "vae.safetensors", final, cfg, args.device)
+
+
 def _dit_config(args: argparse.Namespace) -> DiTTrainConfig:
     return DiTTrainConfig(steps=args.dit_steps, batch=args.dit_batch, seed=args.seed)
 
 
 def phase_dit(args: argparse.Namespace, preset: ModelPreset) -> None:
-    data = LatentSet(torch.load(args.out / "latents.pt", weights_only=False), preset)
-    train_dit(preset, data, random_text_encoder(preset), args.out, _dit_config(args), torch.device(args.device))
+    data = LatentSet.from_data(torch.load(args.out / "latents.pt", weights_only=False), preset)
+    moves = LatentSet.from_data(torch.load(args.out / "moves.pt", weights_only=False), preset)
+    first = LatentSet.first_chunks([data, moves], preset.chunk_latent_frames)
+    print(f"[dit] {len(data)} walks; first-chunk steps draw from {len(first)} clips", flush=True)
+    train_dit(preset, data, random_text_encoder(preset), args.out, _dit_config(args), torch.device(args.device), first)
 
 
 def phase_export(args: argparse.Namespace, preset: ModelPreset) -> Path:
@@ -128,6 +142,7 @@ def phase_export(args: argparse.Namespace, preset: ModelPreset) -> Path:
     vae_info = json.loads((args.out / "vae.json").read_text())
     vae = vae_info["config"]
     latents = torch.load(args.out / "latents.pt", weights_only=False)
+    moves = torch.load(args.out / "moves.pt", weights_only=False)
     card = {
         "preset": preset.name,
         "architecture": "Wan2.1 DiT with LingBot-World camera layers, Wan2.1 causal VAE, umT5 (small widths)",
@@ -144,12 +159,14 @@ def phase_export(args: argparse.Namespace, preset: ModelPreset) -> Path:
             f"{vae['steps']} steps × {vae['batch']} clips × {vae['clip_frames']} frames, the last "
             f"{vae['long_stream_steps']} on streams of 1 + 8·{vae['stream_segments']} frames (decoder only)",
             "dit": f"{len(latents['latents'])} clips of {latents['config']['chunks']} chunks from "
-            f"{latents['config']['starts']} train-split starts ({latents['config']['paths_per_start']} paths each)",
+            f"{latents['config']['starts']} train-split starts ({latents['config']['paths_per_start']} paths each); "
+            f"first-chunk steps add {len(moves['latents'])} one-chunk clips of single moves from "
+            f"{moves['config']['starts']} other starts ({moves['config']['paths_per_start']} moves each)",
             "held_out": "evaluation starts lie only in held-out cells; evaluation paths use their own seeds",
         },
         "training": {
             "vae": {"steps": vae["steps"], "wall_s": vae_info["wall_s"], "history": vae_info["history"]},
-            "latents": {"wall_s": latents["wall_s"]},
+            "latents": {"wall_s": latents["wall_s"], "moves_wall_s": moves["wall_s"]},
             "dit": {
                 "steps": dit_state["step"],
                 "wall_s": dit_state.get("wall_s"),
@@ -178,6 +195,8 @@ def main(argv: list[str] | None = None) -> None:
         phase_vae(args, preset, world)
     if "latents" in phases:
         phase_latents(args, preset)
+    if "moves" in phases:
+        phase_moves(args, preset)
     if "dit" in phases:
         phase_dit(args, preset)
     if "export" in phases:

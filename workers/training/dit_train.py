@@ -72,18 +72,36 @@ class DiTTrainConfig:
 
 
 class LatentSet:
-    """The encoded clips plus their camera inputs (computed once, kept in float16)."""
+    """Encoded clips plus their camera inputs (computed once, kept in float16)."""
 
-    def __init__(self, data: dict, preset: ModelPreset) -> None:
-        self.latents = data["latents"]
-        self.conds = data["conds"]
-        self.start_of = data["start_of"]
+    def __init__(
+        self, latents: torch.Tensor, conds: torch.Tensor, start_of: torch.Tensor, cameras: torch.Tensor
+    ) -> None:
+        self.latents = latents  # [N, 16, F, h, w]
+        self.conds = conds  # [S, 20, F, h, w], one per start
+        self.start_of = start_of  # [N], each clip's start
+        self.cameras = cameras  # [N, 384, F, h, w]
+
+    @staticmethod
+    def from_data(data: dict, preset: ModelPreset) -> LatentSet:
+        """From a `build_latent_set` file, computing the camera input by the server's integration."""
         chunk = preset.chunk_latent_frames
         cams = []
         for controls in data["controls"]:
             track = CameraTrack.for_preset(preset)
             cams.append(torch.cat([track.next_chunk(control_from_dict(c), chunk) for c in controls], dim=1).half())
-        self.cameras = torch.stack(cams)  # [N, 384, F, h, w]
+        return LatentSet(data["latents"], data["conds"], data["start_of"], torch.stack(cams))
+
+    @staticmethod
+    def first_chunks(sets: list[LatentSet], frames: int) -> LatentSet:
+        """All clips of `sets`, cut to their first `frames` latent frames, as one set."""
+        offsets = np.cumsum([0] + [len(s.conds) for s in sets[:-1]])
+        return LatentSet(
+            torch.cat([s.latents[:, :, :frames] for s in sets]),
+            torch.cat([s.conds[:, :, :frames] for s in sets]),
+            torch.cat([s.start_of + int(o) for s, o in zip(sets, offsets, strict=True)]),
+            torch.cat([s.cameras[:, :, :frames] for s in sets]),
+        )
 
     def __len__(self) -> int:
         return len(self.latents)
@@ -194,8 +212,12 @@ def train_dit(
     out_dir: Path,
     cfg: DiTTrainConfig,
     device: torch.device | None = None,
+    first_chunk_data: LatentSet | None = None,
 ) -> WanDiT:
+    """Train on `data`; the first-chunk steps draw from `first_chunk_data` when given (clips of at
+    least one chunk, e.g. `LatentSet.first_chunks` of `data` and a `first_chunk_set`)."""
     device = device or torch.device("cpu")
+    first_data = first_chunk_data or data
     dit = new_dit(preset, cfg.seed).to(device)
     dit.train()
     opt = make_optimizer(dit, cfg)
@@ -212,10 +234,11 @@ def train_dit(
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         rng = np.random.default_rng([cfg.seed, step])
         first_only = rng.random() < cfg.first_chunk_share
-        batch = min(2 * cfg.batch, len(data)) if first_only else cfg.batch
+        source = first_data if first_only else data
+        batch = min(2 * cfg.batch, len(source)) if first_only else cfg.batch
         frames = preset.chunk_latent_frames if first_only else data.frames
-        idx = torch.from_numpy(rng.choice(len(data), batch, replace=False))
-        x0, cond, cams = (t.to(device) for t in data.batch(idx, frames))
+        idx = torch.from_numpy(rng.choice(len(source), batch, replace=False))
+        x0, cond, cams = (t.to(device) for t in source.batch(idx, frames))
         text = [prompts[int(i)] for i in rng.integers(0, len(prompts), batch)]
         for group in opt.param_groups:
             group["lr"] = group["lr_scale"] * lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps)

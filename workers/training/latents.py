@@ -7,6 +7,12 @@ is encoded once and shared by its paths. Clips are rendered with walls stopping 
 controls are stored so the camera input is computed at training time by the server's own
 integration (`CameraTrack`), which knows nothing about walls, exactly as at inference.
 
+A second, wider set teaches control where it is learned most slowly, at the start of a session
+(`first_chunk_set`): many more starts, one chunk each, and from each start several different single
+moves (forward, back, strafe, turn, look, stand), so that what tells a start's clips apart is only
+the control. Walking paths rarely begin with a plain back-step or a plain turn (about 2 % and 6 % of
+first chunks); here every move is equally common.
+
 Encoding is split over worker processes by start (one thread each on the CPU; one process on a GPU).
 """
 
@@ -17,12 +23,14 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
+import numpy as np
 import torch
 from safetensors.torch import load_file
 
 from workers.images import to_model_range
-from workers.models.camera import ChunkControl
+from workers.models.camera import CameraState, ChunkControl
 from workers.models.presets import ModelPreset
 from workers.models.vae import WanVAE
 from workers.stages.condition import ImageConditionStream
@@ -37,14 +45,44 @@ from workers.training.clips import (
 )
 from workers.world import World
 
+# The single moves of `first_chunk_set`: every key alone, forward and back with a turn, standing still.
+MOVES: tuple[tuple[str, ...], ...] = (
+    ("w",),
+    ("s",),
+    ("a",),
+    ("d",),
+    ("j",),
+    ("l",),
+    ("i",),
+    ("k",),
+    ("w", "j"),
+    ("w", "l"),
+    ("s", "j"),
+    ("s", "l"),
+    (),
+)
+
 
 @dataclass(frozen=True)
 class LatentSetConfig:
     starts: int = 200
     paths_per_start: int = 4
     chunks: int = 4  # per clip; with the preset's window (12 frames, 2 sink) chunk 3 sees a rolled cache
+    # "walks": plausible walking paths (`random_controls`); "moves": each clip holds one of `MOVES`
+    # throughout, the moves of one start all different.
+    controls: Literal["walks", "moves"] = "walks"
+    # Which draw of starts: sets with different streams share no start (the same stream and seed
+    # give the same starts, in order).
+    stream: int = 1
     seed: int = 0
     workers: int = 2
+
+
+def first_chunk_set(starts: int, seed: int, workers: int) -> LatentSetConfig:
+    """Many starts, one chunk, four different single moves from each."""
+    return LatentSetConfig(
+        starts=starts, paths_per_start=4, chunks=1, controls="moves", stream=2, seed=seed, workers=workers
+    )
 
 
 def control_to_dict(c: ChunkControl) -> dict:
@@ -53,6 +91,15 @@ def control_to_dict(c: ChunkControl) -> dict:
 
 def control_from_dict(d: dict) -> ChunkControl:
     return ChunkControl(keys=frozenset(d["keys"]), look_dx_px=d["look_dx_px"], look_dy_px=d["look_dy_px"])
+
+
+def _sample_paths(
+    rng: np.random.Generator, world: World, spec: ClipSpec, start: CameraState, cfg: LatentSetConfig
+) -> list[tuple[ChunkControl, ...]]:
+    if cfg.controls == "walks":
+        return [sample_controls(rng, world, spec, start, cfg.chunks) for _ in range(cfg.paths_per_start)]
+    picks = rng.choice(len(MOVES), cfg.paths_per_start, replace=False)
+    return [(ChunkControl.from_keys(MOVES[int(m)]),) * cfg.chunks for m in picks]
 
 
 def _encode_starts(preset: ModelPreset, vae_path: str, cfg: LatentSetConfig, indices: list[int], device: str) -> dict:
@@ -65,10 +112,10 @@ def _encode_starts(preset: ModelPreset, vae_path: str, cfg: LatentSetConfig, ind
     latents, conds, controls, start_of = [], [], [], []
     with torch.inference_mode():
         for n, i in enumerate(indices):
-            rng = split_rng(cfg.seed, "train", 10**6 + i)
+            rng = split_rng(cfg.seed, "train", cfg.stream * 10**6 + i)
             start = sample_start(rng, world, "train")
-            for _ in range(cfg.paths_per_start):
-                clip = render_clip(world, spec, start, sample_controls(rng, world, spec, start, cfg.chunks))
+            for path in _sample_paths(rng, world, spec, start, cfg):
+                clip = render_clip(world, spec, start, path)
                 if not conds or start_of[-1] != n:
                     stream = ImageConditionStream(vae, to_model_range(clip.frames[0]), preset, spec.chunk_latent_frames)
                     conds.append(torch.cat([stream.next_chunk() for _ in range(cfg.chunks)], dim=2)[0].cpu())

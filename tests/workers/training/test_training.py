@@ -22,7 +22,7 @@ from workers.training.dit_train import (
     train_dit,
     train_step,
 )
-from workers.training.latents import LatentSetConfig, build_latent_set
+from workers.training.latents import MOVES, LatentSetConfig, build_latent_set, control_from_dict, first_chunk_set
 from workers.training.vae_train import (
     VAETrainConfig,
     fold_latent_stats,
@@ -104,7 +104,7 @@ def test_dit_training_loss_goes_down_and_resumes(world: World, tmp_path: Path) -
     vae_path = tmp_path / "vae.safetensors"
     save_file(WanVAE(SMALL.vae).state_dict(), str(vae_path))
     cfg = LatentSetConfig(starts=1, paths_per_start=2, chunks=2, workers=1)
-    data = LatentSet(build_latent_set(SMALL, vae_path, tmp_path / "latents.pt", cfg), SMALL)
+    data = LatentSet.from_data(build_latent_set(SMALL, vae_path, tmp_path / "latents.pt", cfg), SMALL)
     assert len(data) == 2 and data.cameras.shape[1:3] == (384, 8)
 
     # Fixed batch and noise: the loss of repeated steps must fall.
@@ -131,3 +131,33 @@ def test_dit_training_loss_goes_down_and_resumes(world: World, tmp_path: Path) -
     assert [run["steps"] for run in state["history"]] == [[0, 2], [2, 3]]
     assert [run["config"]["steps"] for run in state["history"]] == [2, 3]
     assert all(torch.equal(v, resumed.state_dict()[k]) for k, v in state["model"].items())
+
+
+def test_first_chunk_set_holds_different_single_moves_from_new_starts(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    vae_path = tmp_path / "vae.safetensors"
+    save_file(WanVAE(SMALL.vae).state_dict(), str(vae_path))
+    walks_data = build_latent_set(
+        SMALL, vae_path, tmp_path / "walks.pt", LatentSetConfig(starts=2, chunks=2, workers=1)
+    )
+    moves_data = build_latent_set(SMALL, vae_path, tmp_path / "moves.pt", first_chunk_set(2, seed=0, workers=1))
+    chunk = SMALL.chunk_latent_frames
+    assert moves_data["latents"].shape[:3] == (8, 16, chunk)
+    moves = [tuple(sorted(control_from_dict(c[0]).keys)) for c in moves_data["controls"]]
+    assert all(m in {tuple(sorted(k)) for k in MOVES} for m in moves)
+    for s in range(2):
+        assert len({m for m, start in zip(moves, moves_data["start_of"].tolist(), strict=True) if start == s}) == 4
+    # Another stream of starts: none of the walks' start images reappears.
+    for cond in moves_data["conds"]:
+        assert not any(torch.equal(cond[:, :1], other[:, :1]) for other in walks_data["conds"])
+
+    walks, extra = LatentSet.from_data(walks_data, SMALL), LatentSet.from_data(moves_data, SMALL)
+    first = LatentSet.first_chunks([walks, extra], chunk)
+    assert len(first) == 16 and first.frames == chunk
+    for i, (source, j) in enumerate([(walks, n) for n in range(8)] + [(extra, n) for n in range(8)]):
+        got, want = first.batch(torch.tensor([i])), source.batch(torch.tensor([j]), chunk)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+    cfg = DiTTrainConfig(steps=2, batch=2, first_chunk_share=0.5, checkpoint_every=2)
+    train_dit(SMALL, walks, random_text_encoder(SMALL), tmp_path, cfg, first_chunk_data=first)
+    assert torch.load(tmp_path / "dit.ckpt.pt", weights_only=False)["step"] == 2
