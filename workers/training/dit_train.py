@@ -27,6 +27,7 @@ first-chunk steps): control is learned last, and most slowly.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -72,35 +73,56 @@ class DiTTrainConfig:
 
 
 class LatentSet:
-    """Encoded clips plus their camera inputs (computed once, kept in float16)."""
+    """Encoded clips plus their camera inputs (computed once, kept in float16).
+
+    A camera input depends only on the clip's controls, and many clips share them (a set of single
+    moves has a dozen different ones in thousands of clips), so each distinct input is kept once.
+    """
 
     def __init__(
-        self, latents: torch.Tensor, conds: torch.Tensor, start_of: torch.Tensor, cameras: torch.Tensor
+        self,
+        latents: torch.Tensor,
+        conds: torch.Tensor,
+        start_of: torch.Tensor,
+        cameras: torch.Tensor,
+        camera_of: torch.Tensor,
     ) -> None:
         self.latents = latents  # [N, 16, F, h, w]
         self.conds = conds  # [S, 20, F, h, w], one per start
         self.start_of = start_of  # [N], each clip's start
-        self.cameras = cameras  # [N, 384, F, h, w]
+        self.cameras = cameras  # [U, 384, F, h, w], the distinct camera inputs
+        self.camera_of = camera_of  # [N], each clip's camera input
 
     @staticmethod
     def from_data(data: dict, preset: ModelPreset) -> LatentSet:
         """From a `build_latent_set` file, computing the camera input by the server's integration."""
         chunk = preset.chunk_latent_frames
-        cams = []
+        index: dict[str, int] = {}
+        cams, camera_of = [], []
         for controls in data["controls"]:
-            track = CameraTrack.for_preset(preset)
-            cams.append(torch.cat([track.next_chunk(control_from_dict(c), chunk) for c in controls], dim=1).half())
-        return LatentSet(data["latents"], data["conds"], data["start_of"], torch.stack(cams))
+            key = json.dumps(controls, sort_keys=True)
+            if key not in index:
+                index[key] = len(cams)
+                track = CameraTrack.for_preset(preset)
+                cams.append(torch.cat([track.next_chunk(control_from_dict(c), chunk) for c in controls], dim=1).half())
+            camera_of.append(index[key])
+        return LatentSet(data["latents"], data["conds"], data["start_of"], torch.stack(cams), torch.tensor(camera_of))
 
     @staticmethod
     def first_chunks(sets: list[LatentSet], frames: int) -> LatentSet:
         """All clips of `sets`, cut to their first `frames` latent frames, as one set."""
-        offsets = np.cumsum([0] + [len(s.conds) for s in sets[:-1]])
+
+        def offsets(counts: list[int]) -> list[int]:
+            return np.cumsum([0, *counts[:-1]]).tolist()
+
+        start_offsets = offsets([len(s.conds) for s in sets])
+        camera_offsets = offsets([len(s.cameras) for s in sets])
         return LatentSet(
             torch.cat([s.latents[:, :, :frames] for s in sets]),
             torch.cat([s.conds[:, :, :frames] for s in sets]),
-            torch.cat([s.start_of + int(o) for s, o in zip(sets, offsets, strict=True)]),
+            torch.cat([s.start_of + o for s, o in zip(sets, start_offsets, strict=True)]),
             torch.cat([s.cameras[:, :, :frames] for s in sets]),
+            torch.cat([s.camera_of + o for s, o in zip(sets, camera_offsets, strict=True)]),
         )
 
     def __len__(self) -> int:
@@ -114,7 +136,7 @@ class LatentSet:
         """Clips `idx` as float32, cut to their first `frames` latent frames (default: all)."""
         f = slice(0, frames)
         latents, conds = self.latents[idx][:, :, f], self.conds[self.start_of[idx]][:, :, f]
-        return latents.float(), conds.float(), self.cameras[idx][:, :, f].float()
+        return latents.float(), conds.float(), self.cameras[self.camera_of[idx]][:, :, f].float()
 
 
 def random_text_encoder(preset: ModelPreset) -> TextEncoder:

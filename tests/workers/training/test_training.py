@@ -105,7 +105,7 @@ def test_dit_training_loss_goes_down_and_resumes(world: World, tmp_path: Path) -
     save_file(WanVAE(SMALL.vae).state_dict(), str(vae_path))
     cfg = LatentSetConfig(starts=1, paths_per_start=2, chunks=2, workers=1)
     data = LatentSet.from_data(build_latent_set(SMALL, vae_path, tmp_path / "latents.pt", cfg), SMALL)
-    assert len(data) == 2 and data.cameras.shape[1:3] == (384, 8)
+    assert len(data) == 2 and data.batch(torch.tensor([0, 1]))[2].shape[1:3] == (384, 8)
 
     # Fixed batch and noise: the loss of repeated steps must fall.
     dit = new_dit(SMALL, 0)
@@ -152,6 +152,7 @@ def test_first_chunk_set_holds_different_single_moves_from_new_starts(tmp_path: 
         assert not any(torch.equal(cond[:, :1], other[:, :1]) for other in walks_data["conds"])
 
     walks, extra = LatentSet.from_data(walks_data, SMALL), LatentSet.from_data(moves_data, SMALL)
+    assert len(extra.cameras) == len(set(moves))  # clips of the same move share one camera input
     first = LatentSet.first_chunks([walks, extra], chunk)
     assert len(first) == 16 and first.frames == chunk
     for i, (source, j) in enumerate([(walks, n) for n in range(8)] + [(extra, n) for n in range(8)]):
