@@ -32,7 +32,7 @@ from workers.training import checkpoint
 from workers.training.clips import WORLD_SEED
 from workers.training.dit_train import DiTTrainConfig, LatentSet, new_dit, random_text_encoder, train_dit
 from workers.training.export import hardware, install, write_checkpoint
-from workers.training.latents import LatentSetConfig, build_latent_set, first_chunk_set
+from workers.training.latents import MOVE_STARTS, LatentSetConfig, build_latent_set, first_chunk_set
 from workers.training.vae_train import VAETrainConfig, fold_latent_stats, measure_latent_stats, train_vae
 from workers.world import World
 
@@ -58,7 +58,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dit-steps", type=int, default=DiTTrainConfig.steps)
     p.add_argument("--dit-batch", type=int, default=DiTTrainConfig.batch)
     p.add_argument("--starts", type=int, default=LatentSetConfig.starts, help="start poses in the DiT data set")
-    p.add_argument("--move-starts", type=int, default=1000, help="start poses in the first-chunk set of single moves")
+    p.add_argument(
+        "--move-starts", type=int, default=MOVE_STARTS, help="start poses in the first-chunk set of single moves"
+    )
     p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="processes encoding latents")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch CPU threads for training")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="training device")
