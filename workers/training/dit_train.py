@@ -19,7 +19,8 @@ is the server's integration of the clip's keys (`CameraTrack`), and the prompt i
 pool, empty included, so the model learns to ignore text (this world has no prompts).
 
 Camera: the camera path starts as the identity and learns at `camera_lr_scale` × the rate; half the
-steps train first chunks only (see `first_chunk_share`). Trained on 8 clips (2 starts) alone, the
+steps train first chunks only (see `first_chunk_share`), drawn from the walks and from a wider set
+of single moves (`latents.first_chunk_set`). Trained on 8 clips (2 starts) alone, the
 model learns to tell their paths apart within 100 steps, but on held-out starts the gain from the
 true camera over another path's grows slowly (0.5 % → 2 % of the first chunk's loss over 400
 first-chunk steps): control is learned last, and most slowly.
@@ -239,7 +240,7 @@ def train_dit(
     """Train on `data`; the first-chunk steps draw from `first_chunk_data` when given (clips of at
     least one chunk, e.g. `LatentSet.first_chunks` of `data` and a `first_chunk_set`)."""
     device = device or torch.device("cpu")
-    first_data = first_chunk_data or data
+    first_data = data if first_chunk_data is None else first_chunk_data
     dit = new_dit(preset, cfg.seed).to(device)
     dit.train()
     opt = make_optimizer(dit, cfg)
