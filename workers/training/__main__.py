@@ -106,22 +106,20 @@ def load_trained_vae(out: Path, preset: ModelPreset) -> WanVAE:
     return vae.eval().requires_grad_(False)
 
 
-def phase_latents(args: argparse.Namespace, preset: ModelPreset) -> None:
-    final = args.out / "latents.pt"
+def _build_set(args: argparse.Namespace, preset: ModelPreset, name: str, cfg: LatentSetConfig) -> None:
+    final = args.out / f"{name}.pt"
     if final.is_file():
-        print(f"[latents] {final} exists, skipping", flush=True)
+        print(f"[{name}] {final} exists, skipping", flush=True)
         return
-    cfg = LatentSetConfig(starts=args.starts, seed=args.seed, workers=args.workers)
     build_latent_set(preset, args.out / "vae.safetensors", final, cfg, args.device)
+
+
+def phase_latents(args: argparse.Namespace, preset: ModelPreset) -> None:
+    _build_set(args, preset, "latents", LatentSetConfig(starts=args.starts, seed=args.seed, workers=args.workers))
 
 
 def phase_moves(args: argparse.Namespace, preset: ModelPreset) -> None:
-    final = args.out / "moves.pt"
-    if final.is_file():
-        print(f"[moves] {final} exists, skipping", flush=True)
-        return
-    cfg = first_chunk_set(args.move_starts, args.seed, args.workers)
-    build_latent_set(preset, args.out / "vae.safetensors", final, cfg, args.device)
+    _build_set(args, preset, "moves", first_chunk_set(args.move_starts, args.seed, args.workers))
 
 
 def _dit_config(args: argparse.Namespace) -> DiTTrainConfig:
