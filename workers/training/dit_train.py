@@ -56,7 +56,7 @@ PROMPTS = ("", "", "a walk through the town", "streets and towers", "walking", "
 
 @dataclass(frozen=True)
 class DiTTrainConfig:
-    steps: int = 13500
+    steps: int = 18500
     batch: int = 8
     lr: float = 4e-4
     # The camera path (Plücker embedding, injector and per-block scale/shift) starts at the identity
