@@ -6,7 +6,7 @@
 
 Phases run in order; each resumes from its checkpoint, and skips itself when its output exists
 (delete that file to redo it):
-  vae      train the VAE on rendered clips  -> vae.ckpt.pt, then vae.safetensors (+ vae.json)
+  vae      train the VAE on rendered frames, then clips -> vae.ckpt.pt, vae.safetensors (+ vae.json)
   latents  render and encode the DiT's clips -> latents.pt
   moves    many more starts, one chunk each of single moves -> moves.pt (the DiT's first-chunk steps)
   dit      train the causal DiT              -> dit.ckpt.pt
@@ -48,7 +48,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--preset", default="gridworld")
     p.add_argument("--phase", choices=(*PHASES, "all"), default="all")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--vae-steps", type=int, default=VAETrainConfig.steps)
+    p.add_argument("--vae-steps", type=int, default=VAETrainConfig.steps, help="image steps, then clip steps")
+    p.add_argument(
+        "--vae-image-steps",
+        type=int,
+        default=VAETrainConfig.image_steps,
+        help="the VAE's first steps, on single frames (shorter runs keep the default share)",
+    )
     p.add_argument(
         "--vae-long-stream-steps",
         type=int,
@@ -70,13 +76,15 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def _vae_config(args: argparse.Namespace) -> VAETrainConfig:
     # Shorter runs (smoke tests) keep the phases' proportions.
-    full = min(VAETrainConfig.full_res_steps, args.vae_steps // 6)
-    short = min(VAETrainConfig.short_clip_steps, args.vae_steps // 4)
+    default = VAETrainConfig()
+    image = min(args.vae_image_steps, args.vae_steps * default.image_steps // default.steps)
+    clips = args.vae_steps - image
     return VAETrainConfig(
         steps=args.vae_steps,
-        full_res_steps=full,
-        short_clip_steps=short,
-        long_stream_steps=min(args.vae_long_stream_steps, args.vae_steps // 4),
+        image_steps=image,
+        full_res_steps=min(default.full_res_steps, clips // 6),
+        short_clip_steps=min(default.short_clip_steps, clips // 4),
+        long_stream_steps=min(args.vae_long_stream_steps, clips // 4),
         seed=args.seed,
     )
 
@@ -141,6 +149,7 @@ def phase_export(args: argparse.Namespace, preset: ModelPreset) -> Path:
         raise FileNotFoundError(f"no DiT checkpoint in {args.out}; run the dit phase first")
     vae_info = json.loads((args.out / "vae.json").read_text())
     vae = vae_info["config"]
+    image_steps = vae.get("image_steps", 0)  # VAEs trained before the image phase existed have none
     latents = torch.load(args.out / "latents.pt", weights_only=False)
     moves = torch.load(args.out / "moves.pt", weights_only=False)
     card = {
@@ -156,8 +165,14 @@ def phase_export(args: argparse.Namespace, preset: ModelPreset) -> Path:
         "world": {"generator": "workers.world", "seed": WORLD_SEED},
         "data": {
             "vae": "rendered on the fly from the train split; "
-            f"{vae['steps']} steps × {vae['batch']} clips × {vae['clip_frames']} frames, the last "
-            f"{vae['long_stream_steps']} on streams of 1 + 8·{vae['stream_segments']} frames (decoder only)",
+            f"{image_steps} steps × {vae.get('image_batch', 0)} single frames, then "
+            f"{vae['steps'] - image_steps} steps × {vae['batch']} clips × {vae['clip_frames']} frames"
+            + (
+                f", the last {vae['long_stream_steps']} on streams of 1 + 8·{vae['stream_segments']} frames"
+                " (decoder only)"
+                if vae["long_stream_steps"]
+                else ""
+            ),
             "dit": f"{len(latents['latents'])} clips of {latents['config']['chunks']} chunks from "
             f"{latents['config']['starts']} train-split starts ({latents['config']['paths_per_start']} paths each); "
             f"first-chunk steps add {len(moves['latents'])} one-chunk clips of single moves from "

@@ -26,6 +26,7 @@ from workers.training.latents import MOVES, LatentSetConfig, build_latent_set, c
 from workers.training.vae_train import (
     VAETrainConfig,
     fold_latent_stats,
+    init_for_training,
     measure_latent_stats,
     render_windows,
     train_vae,
@@ -57,22 +58,26 @@ def test_vae_training_reduces_reconstruction_error_and_folds_stats_exactly(world
     spec = ClipSpec.for_preset(SMALL)
     probe = frames_to_model(render_windows(world, spec, split_rng(1, "eval", 0), 2, 5))[..., :32, :32]
     cfg = VAETrainConfig(
-        steps=12,
+        steps=16,
+        image_steps=10,  # then 4 clip steps, the last two on long streams
+        image_batch=4,
+        image_lr=3e-3,
         full_res_steps=0,
         long_stream_steps=2,  # the last two steps stream 1 + 8·2 frames in segments
         stream_segments=2,
         batch=2,
         crop_px=32,
-        lr=1e-3,
+        lr=3e-4,
         warmup_steps=1,
-        checkpoint_every=6,
+        checkpoint_every=7,
     )
     torch.manual_seed(cfg.seed)  # what train_vae seeds before building its VAE: the same initial weights
     initial = WanVAE(SMALL.vae)
+    init_for_training(initial)
     with torch.no_grad():
         before = F.mse_loss(initial.decode(initial.encode(probe)), probe).item()
     # Train up to the long-stream steps, then resume through them: they change the decoder alone.
-    before_long = train_vae(SMALL, world, tmp_path, replace(cfg, steps=10, long_stream_steps=0)).state_dict()
+    before_long = train_vae(SMALL, world, tmp_path, replace(cfg, steps=14, long_stream_steps=0)).state_dict()
     before_long = {k: v.clone() for k, v in before_long.items()}
     vae = train_vae(SMALL, world, tmp_path, cfg)
     after_long = vae.state_dict()
@@ -86,7 +91,29 @@ def test_vae_training_reduces_reconstruction_error_and_folds_stats_exactly(world
         fold_latent_stats(vae, *measure_latent_stats(vae, world, SMALL, seed=0, clips=2))
         latents = vae.encode(probe)
         assert (vae.decode(latents) - recon).abs().max() < 1e-4  # folding is exact
-    assert torch.load(tmp_path / "vae.ckpt.pt", weights_only=False)["step"] == 12
+    assert torch.load(tmp_path / "vae.ckpt.pt", weights_only=False)["step"] == 16
+
+
+def test_initial_vae_is_the_image_model_applied_to_each_group_last_frame(world: World) -> None:
+    # Before the clip phase trains the temporal taps, a latent group must be the image latent of the
+    # group's last frame, decoded four times: what the image phase learnt carries over to video.
+    spec = ClipSpec.for_preset(SMALL)
+    video = frames_to_model(render_windows(world, spec, split_rng(2, "eval", 0), 1, 9))[..., :32, :32]
+    torch.manual_seed(0)
+    vae = WanVAE(SMALL.vae)
+    with torch.no_grad():
+        for p in vae.parameters():  # non-zero everywhere first, so the test sees what the init zeroes
+            p.add_(0.05 * torch.randn_like(p))
+        init_for_training(vae)
+        latents = vae.encode(video)
+        recon = vae.decode(latents)
+        for group, last in ((1, 4), (2, 8)):
+            image_latent = vae.encode(video[:, :, last : last + 1])
+            torch.testing.assert_close(latents[:, :, group], image_latent[:, :, 0], atol=1e-5, rtol=1e-4)
+            image_recon = vae.decode(image_latent)[:, :, 0]
+            for frame in range(last - 3, last + 1):
+                torch.testing.assert_close(recon[:, :, frame], image_recon, atol=1e-5, rtol=1e-4)
+        assert recon[:, :, 1:5].std() > 0.01  # not a degenerate (constant) map
 
 
 def test_camera_path_trains_at_its_own_rate() -> None:
