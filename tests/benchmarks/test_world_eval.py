@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 from benchmarks.world_eval import CONTROLS, main
@@ -27,3 +28,19 @@ def test_world_eval_writes_report_and_strip(tmp_path: Path) -> None:
     assert set(report["targets_met"]) == set(report["targets"])
     strip = Image.open(report["strip_png"])
     assert strip.size[1] == 2 * 128 and strip.size[0] % 128 == 0  # generated row above ground truth
+
+
+def test_world_eval_vae_only_measures_the_vae_alone(tmp_path: Path) -> None:
+    out = tmp_path / "EVAL.json"
+    assert main(["--out", str(out), "--walks", "1", "--walk-chunks", "2", "--vae-only"]) == 0
+    report = json.loads(out.read_text())
+    assert report["vae_only"] and set(report["headline"]) == {"vae_psnr_db"} == set(report["targets_met"])
+    assert 10.0 < report["headline"]["vae_psnr_db"] < 100.0
+    assert "model" not in report["walking"] and report["controllability"] is None
+    assert Image.open(report["strip_png"]).size[1] == 2 * 128  # reconstruction above ground truth
+
+
+def test_world_eval_refuses_to_record_a_vae_only_run_in_a_card(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path / "EVAL.json"), "--vae-only", "--card", str(tmp_path / "card.json")])
+    assert exc.value.code == 2
