@@ -5,11 +5,9 @@ to stop. A failed command is reported upward naming the stage; nobody retries si
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import sys
-import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -18,8 +16,7 @@ from multiprocessing.connection import Connection
 import torch
 
 from workers.runtime.messages import Shutdown, Stage, StageFailed, WorkerReady
-
-PARENT_POLL_S = 0.5
+from workers.runtime.parent_death import die_with_parent
 
 
 @dataclass(frozen=True)
@@ -54,26 +51,9 @@ class WorkerSpec:
         return f"{self.stage.value}[{self.rank}/{self.world_size}]"
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Exit when the server process goes away, however it went (SIGKILL included)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass  # not Linux: the polling thread below still covers it
-
-    def watch() -> None:
-        while True:
-            if os.getppid() != parent_pid:
-                os._exit(3)
-            time.sleep(PARENT_POLL_S)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     """Process entry point (spawn start method)."""
-    _die_with_parent(spec.parent_pid)
+    die_with_parent(spec.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when workers stop
     from workers.parallel.group import destroy_stage_group, init_stage_group
     from workers.runtime.servers import build_server

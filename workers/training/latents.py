@@ -19,6 +19,7 @@ Encoding is split over worker processes by start (one thread each on the CPU; on
 from __future__ import annotations
 
 import multiprocessing
+import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
@@ -33,6 +34,7 @@ from workers.images import to_model_range
 from workers.models.camera import CameraState, ChunkControl
 from workers.models.presets import ModelPreset
 from workers.models.vae import WanVAE
+from workers.runtime.parent_death import die_with_parent
 from workers.stages.condition import ImageConditionStream
 from workers.training.clips import (
     WORLD_SEED,
@@ -137,7 +139,9 @@ def build_latent_set(
     t0 = time.time()
     workers = cfg.workers if device == "cpu" else 1  # one process drives a GPU
     shards = [list(range(w, cfg.starts, workers)) for w in range(workers)]
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    # Encoders die with this process: a killed training run must not leave them rendering.
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
         n = len(shards)
         parts = list(pool.map(_encode_starts, [preset] * n, [str(vae_path)] * n, [cfg] * n, shards, [device] * n))
     latents, conds, controls, start_of = [], [], [], []

@@ -1,0 +1,53 @@
+"""Processes that call die_with_parent exit when their parent is killed, SIGKILL included."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from workers.runtime.parent_death import PARENT_POLL_S
+
+# A parent that starts a spawn pool the way the training CLI's latents phase does, reports its
+# worker's pid, then waits for it forever.
+PARENT = textwrap.dedent(
+    """
+    import multiprocessing, os, sys, time
+    from concurrent.futures import ProcessPoolExecutor
+    from workers.runtime.parent_death import die_with_parent
+
+    if __name__ == "__main__":
+        context = multiprocessing.get_context("spawn")
+        pool = ProcessPoolExecutor(1, mp_context=context, initializer=die_with_parent, initargs=(os.getpid(),))
+        print(pool.submit(os.getpid).result(), flush=True)
+        pool.submit(time.sleep, 600)
+        time.sleep(600)
+    """
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+def test_pool_workers_exit_when_their_parent_is_killed() -> None:
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert _alive(child)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10 * PARENT_POLL_S + 5
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child), "the pool worker outlived its killed parent"
+    finally:
+        parent.kill()
