@@ -1,7 +1,7 @@
 """Child processes exit when the process that started them goes away, however it went.
 
 A worker that outlives its parent holds CPU, memory and shared memory that nobody will release, so
-every process this project spawns calls `die_with_parent` first.
+the stage workers and the training's encoder pool call `die_with_parent` first.
 """
 
 from __future__ import annotations

@@ -206,9 +206,15 @@ def train_vae(
     wall_s = state.get("wall_s", 0.0) if state else 0.0
     if step:
         print(f"[vae] resumed at step {step} from {path}", flush=True)
+
     # One progress line per phase: an image step costs a fraction of a clip step, so one ETA over
     # both would mislead.
-    progress = Progress("vae-images", cfg.image_steps, start=step, every=100)
+    def phase_progress(at: int) -> Progress:
+        if at < cfg.image_steps:
+            return Progress("vae-images", cfg.image_steps, start=at, every=100)
+        return Progress("vae-clips", cfg.steps, start=at, every=20)
+
+    progress = phase_progress(step)
     t_run = time.perf_counter()
     vae.train()
     while step < cfg.steps:
@@ -217,8 +223,8 @@ def train_vae(
             video, long_stream, train_encoder = _image_batch(world, spec, rng, cfg), False, True
             lr = lr_at(step, cfg.image_lr, cfg.warmup_steps, cfg.image_steps)
         else:
-            if progress.name == "vae-images":
-                progress = Progress("vae-clips", cfg.steps, start=step, every=20)
+            if step == cfg.image_steps and step != start_step:
+                progress = phase_progress(step)
             video, long_stream = _clip_batch(world, spec, rng, cfg, step)
             train_encoder = not (long_stream and cfg.long_stream_decoder_only)
             lr = lr_at(step - cfg.image_steps, cfg.lr, cfg.warmup_steps, cfg.steps - cfg.image_steps)
