@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from workers.models import loading
 from workers.models.presets import ModelPreset, get_preset
 from workers.models.vae import WanVAE
 from workers.training import checkpoint
@@ -63,6 +64,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--dit-steps", type=int, default=DiTTrainConfig.steps)
     p.add_argument("--dit-batch", type=int, default=DiTTrainConfig.batch)
+    p.add_argument(
+        "--dit-init",
+        default=None,
+        help="start a new DiT run from this checkpoint directory's DiT weights ('bundled': the installed "
+        "preset's); the default is random weights",
+    )
     p.add_argument("--starts", type=int, default=LatentSetConfig.starts, help="start poses in the DiT data set")
     p.add_argument(
         "--move-starts", type=int, default=MOVE_STARTS, help="start poses in the first-chunk set of single moves"
@@ -134,12 +141,25 @@ def _dit_config(args: argparse.Namespace) -> DiTTrainConfig:
     return DiTTrainConfig(steps=args.dit_steps, batch=args.dit_batch, seed=args.seed)
 
 
+def _dit_init(args: argparse.Namespace, preset: ModelPreset) -> Path | None:
+    if args.dit_init is None:
+        return None
+    if args.dit_init != "bundled":
+        return Path(args.dit_init)
+    if preset.bundled_weights is None:
+        raise SystemExit(f"--dit-init bundled: preset {preset.name!r} ships no weights")
+    return loading.checkpoint_dir_for(preset, None)
+
+
 def phase_dit(args: argparse.Namespace, preset: ModelPreset) -> None:
     data = LatentSet.from_data(torch.load(args.out / "latents.pt", weights_only=False), preset)
     moves = LatentSet.from_data(torch.load(args.out / "moves.pt", weights_only=False), preset)
     first = LatentSet.first_chunks([data, moves], preset.chunk_latent_frames)
     print(f"[dit] {len(data)} walks; first-chunk steps draw from {len(first)} clips", flush=True)
-    train_dit(preset, data, random_text_encoder(preset), args.out, _dit_config(args), torch.device(args.device), first)
+    text = random_text_encoder(preset)
+    train_dit(
+        preset, data, text, args.out, _dit_config(args), torch.device(args.device), first, _dit_init(args, preset)
+    )
 
 
 def phase_export(args: argparse.Namespace, preset: ModelPreset) -> Path:
@@ -186,6 +206,7 @@ def phase_export(args: argparse.Namespace, preset: ModelPreset) -> Path:
                 "steps": dit_state["step"],
                 "wall_s": dit_state.get("wall_s"),
                 "history": dit_state.get("history", []),
+                "init": dit_state.get("init"),
             },
         },
         "hardware": hardware(),

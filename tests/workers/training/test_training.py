@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
+from workers.models import loading
 from workers.models.presets import GRIDWORLD
 from workers.models.vae import WanVAE
 from workers.training.clips import WORLD_SEED, ClipSpec, frames_to_model, heldout_cell, sample_start, split_rng
@@ -21,6 +22,7 @@ from workers.training.dit_train import (
     random_text_encoder,
     train_dit,
     train_step,
+    warm_start,
 )
 from workers.training.latents import MOVES, LatentSetConfig, build_latent_set, control_from_dict, first_chunk_set
 from workers.training.vae_train import (
@@ -158,6 +160,35 @@ def test_dit_training_loss_goes_down_and_resumes(world: World, tmp_path: Path) -
     assert [run["steps"] for run in state["history"]] == [[0, 2], [2, 3]]
     assert [run["config"]["steps"] for run in state["history"]] == [2, 3]
     assert all(torch.equal(v, resumed.state_dict()[k]) for k, v in state["model"].items())
+
+
+def test_dit_warm_start_loads_another_checkpoint_and_records_it(world: World, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    vae_path = tmp_path / "vae.safetensors"
+    save_file(WanVAE(SMALL.vae).state_dict(), str(vae_path))
+    cfg = LatentSetConfig(starts=1, paths_per_start=2, chunks=2, workers=1)
+    data = LatentSet.from_data(build_latent_set(SMALL, vae_path, tmp_path / "latents.pt", cfg), SMALL)
+    source = tmp_path / "source"
+    trained = new_dit(SMALL, seed=5)
+    (source / loading.DIT_SUBDIR).mkdir(parents=True)
+    save_file(trained.state_dict(), str(source / loading.DIT_SUBDIR / "model.safetensors"))
+    (source / loading.MODEL_CARD).write_text('{"training": {"dit": {"steps": 1234, "wall_s": 5.0}}}')
+
+    fresh = new_dit(SMALL, seed=0)
+    record = warm_start(fresh, source)
+    assert all(torch.equal(v, trained.state_dict()[k]) for k, v in fresh.state_dict().items())
+    assert record == {"from": str(source), "dit_steps": 1234, "dit_wall_s": 5.0, "dit_init": None}
+
+    run = tmp_path / "run"
+    text_encoder = random_text_encoder(SMALL)
+    one_step = DiTTrainConfig(steps=1, batch=2, lr=1e-12, warmup_steps=1, checkpoint_every=1)
+    warm = train_dit(SMALL, data, text_encoder, run, one_step, init_from=source)
+    # At a vanishing rate one AdamW step barely moves the weights: they are the source's, not a new init.
+    assert all(torch.allclose(v, trained.state_dict()[k], atol=1e-6) for k, v in warm.state_dict().items())
+    # A resumed run keeps the record of where its weights came from and ignores a new init_from.
+    train_dit(SMALL, data, text_encoder, run, replace(one_step, steps=2), init_from=tmp_path / "elsewhere")
+    state = torch.load(run / "dit.ckpt.pt", weights_only=False)
+    assert state["step"] == 2 and state["init"] == record
 
 
 def test_first_chunk_set_holds_different_single_moves_from_new_starts(tmp_path: Path) -> None:
