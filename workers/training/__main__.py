@@ -3,6 +3,7 @@
     python -m workers.training                      # all phases into runs/train/gridworld
     python -m workers.training --phase vae          # one phase
     python -m workers.training --install            # ... then copy the weights into the package
+    python -m workers.training --dit-init bundled   # the DiT starts from the installed weights' DiT
 
 Phases run in order; each resumes from its checkpoint, and skips itself when its output exists
 (delete that file to redo it):

@@ -33,6 +33,7 @@ reaches after ~2600. The checkpoint and the model card record where the weights 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -167,13 +168,19 @@ def new_dit(preset: ModelPreset, seed: int) -> WanDiT:
 
 def warm_start(dit: WanDiT, checkpoint_dir: Path) -> dict:
     """Load another checkpoint's DiT weights (same preset, strict keys and shapes) into `dit`; return
-    the record the checkpoint keeps: the source and, from its model card, how it was trained."""
+    the record the checkpoint keeps: the source, the digest of its weights (the source may later be
+    overwritten, e.g. by installing the new weights over the bundled ones) and, from its model card,
+    how it was trained."""
     dit.load_state_dict(loading.read_dit_state(checkpoint_dir, "cpu"), strict=True)
+    digest = hashlib.sha256()
+    for shard in loading.dit_shards(checkpoint_dir):
+        digest.update(shard.read_bytes())
     card_path = checkpoint_dir / loading.MODEL_CARD
     card = json.loads(card_path.read_text()) if card_path.is_file() else {}
     source = card.get("training", {}).get("dit", {})
     return {
         "from": str(checkpoint_dir),
+        "sha256": digest.hexdigest(),
         "dit_steps": source.get("steps"),
         "dit_wall_s": source.get("wall_s"),
         "dit_init": source.get("init"),

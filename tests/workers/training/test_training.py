@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -177,7 +178,8 @@ def test_dit_warm_start_loads_another_checkpoint_and_records_it(world: World, tm
     fresh = new_dit(SMALL, seed=0)
     record = warm_start(fresh, source)
     assert all(torch.equal(v, trained.state_dict()[k]) for k, v in fresh.state_dict().items())
-    assert record == {"from": str(source), "dit_steps": 1234, "dit_wall_s": 5.0, "dit_init": None}
+    digest = hashlib.sha256((source / loading.DIT_SUBDIR / "model.safetensors").read_bytes()).hexdigest()
+    assert record == {"from": str(source), "sha256": digest, "dit_steps": 1234, "dit_wall_s": 5.0, "dit_init": None}
 
     run = tmp_path / "run"
     text_encoder = random_text_encoder(SMALL)
