@@ -129,12 +129,17 @@ def test_camera_path_trains_at_its_own_rate() -> None:
     assert (rest["lr_scale"], camera["lr_scale"]) == (1.0, 4.0)
 
 
-def test_dit_training_loss_goes_down_and_resumes(world: World, tmp_path: Path) -> None:
+def two_walks(tmp_path: Path) -> LatentSet:
+    """Two 2-chunk walks from one start, encoded by a random-weight VAE."""
     torch.manual_seed(0)
     vae_path = tmp_path / "vae.safetensors"
     save_file(WanVAE(SMALL.vae).state_dict(), str(vae_path))
     cfg = LatentSetConfig(starts=1, paths_per_start=2, chunks=2, workers=1)
-    data = LatentSet.from_data(build_latent_set(SMALL, vae_path, tmp_path / "latents.pt", cfg), SMALL)
+    return LatentSet.from_data(build_latent_set(SMALL, vae_path, tmp_path / "latents.pt", cfg), SMALL)
+
+
+def test_dit_training_loss_goes_down_and_resumes(world: World, tmp_path: Path) -> None:
+    data = two_walks(tmp_path)
     assert len(data) == 2 and data.batch(torch.tensor([0, 1]))[2].shape[1:3] == (384, 8)
 
     # Fixed batch and noise: the loss of repeated steps must fall.
@@ -163,12 +168,8 @@ def test_dit_training_loss_goes_down_and_resumes(world: World, tmp_path: Path) -
     assert all(torch.equal(v, resumed.state_dict()[k]) for k, v in state["model"].items())
 
 
-def test_dit_warm_start_loads_another_checkpoint_and_records_it(world: World, tmp_path: Path) -> None:
-    torch.manual_seed(0)
-    vae_path = tmp_path / "vae.safetensors"
-    save_file(WanVAE(SMALL.vae).state_dict(), str(vae_path))
-    cfg = LatentSetConfig(starts=1, paths_per_start=2, chunks=2, workers=1)
-    data = LatentSet.from_data(build_latent_set(SMALL, vae_path, tmp_path / "latents.pt", cfg), SMALL)
+def test_dit_warm_start_loads_another_checkpoint_and_records_it(tmp_path: Path) -> None:
+    data = two_walks(tmp_path)
     source = tmp_path / "source"
     trained = new_dit(SMALL, seed=5)
     (source / loading.DIT_SUBDIR).mkdir(parents=True)
