@@ -147,9 +147,10 @@ def _dit_init(args: argparse.Namespace, preset: ModelPreset) -> Path | None:
         return None
     if args.dit_init != "bundled":
         return Path(args.dit_init)
-    if preset.bundled_weights is None:
+    bundled = loading.checkpoint_dir_for(preset, None)
+    if bundled is None:
         raise SystemExit(f"--dit-init bundled: preset {preset.name!r} ships no weights")
-    return loading.checkpoint_dir_for(preset, None)
+    return bundled
 
 
 def phase_dit(args: argparse.Namespace, preset: ModelPreset) -> None:

@@ -273,7 +273,7 @@ def train_dit(
     first_data = data if first_chunk_data is None else first_chunk_data
     dit = new_dit(preset, cfg.seed)
     path = out_dir / "dit.ckpt.pt"
-    # Warm-start before the optimiser exists and before resume, which then overwrites both.
+    # A warm start only seeds a new run: a resumed run's checkpoint holds its weights and its record.
     init = warm_start(dit, init_from) if init_from is not None and not path.is_file() else None
     dit = dit.to(device).train()
     opt = make_optimizer(dit, cfg)
