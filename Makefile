@@ -7,8 +7,10 @@ TORCH_SPEC ?= torch==2.13.0
 RUN_ARGS ?= --placement cpu
 REPLAY_ARGS ?= --chunks 8 --seed 0 --out runs/replay.json --video runs/replay.mp4
 PYTEST_ARGS ?=
+# The fast tier: no spawned process, no training, no browser (markers in pyproject.toml).
+FAST_MARKERS := not (processes or training or browser or gpu or slow)
 
-.PHONY: setup run replay test lint browser clean
+.PHONY: setup run replay test test-fast lint browser clean
 
 setup: $(VENV)/.installed
 
@@ -37,8 +39,13 @@ browser:
 lint: setup
 	$(PY) -m ruff check .
 
+# The full suite CI runs (soak tests marked `slow` only on purpose: `pytest -m slow`).
 test: lint browser
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# Seconds, not minutes: every test that starts no process, trains nothing and needs no browser.
+test-fast: lint
+	$(PY) -m pytest -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -6,18 +6,21 @@
 By default the session runs on the multi-process pipeline (`--placement`, `--schedule`);
 `--in-process` runs the serial reference engine in this process instead. The trace is replayed on
 the media clock: chunk k starts at (frames before it) / fps seconds and takes the control state in
-force at that time, so every engine sees the same controls and must produce the same frames.
+force at that time, so every engine sees the same controls and must produce the same frames at the
+same intra-op thread count (`--threads`, default the placement's `cpu_threads_per_worker`; see
+`workers/determinism.py`).
 
-Figures (DESIGN §6): steady compute FPS (frames of chunks after the first / their summed stage
-compute seconds), steady throughput FPS (frames after the first chunk / wall time between chunk
-outputs), chunk compute and chunk period p50/p90/p99/max, real-time factor (p95 period / chunk
-media duration), first-frame seconds, per-stage busy/idle seconds, DiT idle fraction in steady
-state, peak RSS, and the SHA-256 of all frames.
+Figures: steady compute FPS (generated frames per wall second over the chunks after the first,
+i.e. frames per chunk / mean steady chunk period, where chunks leave the generator), chunk compute
+(summed stage busy seconds per chunk) and chunk period p50/p90/p99/max, real-time factor (p95
+period / chunk media duration), first-frame seconds, per-stage busy/idle seconds, DiT idle
+fraction in steady state, peak RSS, and the SHA-256 of all frames with the thread count it holds for.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -36,7 +39,7 @@ from benchmarks.video import Mp4Writer
 from workers.images import fit_image, read_image
 from workers.models.camera import ChunkControl
 from workers.models.presets import DEFAULT_PRESET, PRESETS, ModelPreset, get_preset
-from workers.runtime.placement import PLACEMENTS, get_placement
+from workers.runtime.placement import PLACEMENTS, Placement, get_placement
 from workers.serial_engine import SerialEngine
 
 ASSETS = Path(__file__).parent / "assets"
@@ -65,13 +68,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--schedule", default="pipelined", choices=("pipelined", "serial"), help="A/B schedule")
     p.add_argument("--in-process", action="store_true", help="run the serial reference engine in this process")
     p.add_argument("--device", default="cpu", help="torch device for --in-process")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads per CPU process, either engine (default: the placement's cpu_threads_per_worker)",
+    )
     p.add_argument("--out", type=Path, required=True, help="where to write RUN.json")
     p.add_argument("--video", type=Path, default=None, help="where to write the MP4 (optional)")
     p.add_argument("--quiet", action="store_true", help="no per-chunk progress lines")
     args = p.parse_args(argv)
     if args.chunks < 1:
         p.error("--chunks must be at least 1")
+    if args.threads is not None and args.threads < 1:
+        p.error("--threads must be at least 1")
     return args
+
+
+def placement_for(args: argparse.Namespace) -> Placement:
+    """The placement to run (its per-worker thread count overridden by --threads)."""
+    placement = get_placement(args.placement)
+    if args.threads is not None:
+        placement = dataclasses.replace(placement, cpu_threads_per_worker=args.threads)
+    return placement
 
 
 def chunk_start_frame(index: int, chunk_latent_frames: int) -> int:
@@ -111,7 +130,13 @@ class Recorder:
 def _run_in_process(args: argparse.Namespace, trace: Trace, rec: Recorder, preset: ModelPreset) -> dict[str, Any]:
     device = torch.device(args.device)
     t0 = time.perf_counter()
-    engine = SerialEngine.load(preset, args.checkpoint, device, weights_seed=args.weights_seed)
+    engine = SerialEngine.load(
+        preset,
+        args.checkpoint,
+        device,
+        weights_seed=args.weights_seed,
+        cpu_threads=placement_for(args).cpu_threads_per_worker,
+    )
     load_s = time.perf_counter() - t0
     replayer = TraceReplayer(trace)
     t_start = time.perf_counter()
@@ -145,7 +170,7 @@ def _run_in_process(args: argparse.Namespace, trace: Trace, rec: Recorder, prese
 def _run_pipeline(args: argparse.Namespace, trace: Trace, rec: Recorder, preset: ModelPreset) -> dict[str, Any]:
     from workers.runtime.engine import ChunkOutput, PipelineEngine
 
-    placement = get_placement(args.placement)
+    placement = placement_for(args)
     engine = PipelineEngine(
         preset, placement, args.schedule, max_sessions=1, checkpoint_dir=args.checkpoint, weights_seed=args.weights_seed
     )
@@ -264,7 +289,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     chunks = rec.chunks
     steady = chunks[1:]
     steady_frames = sum(c["num_frames"] for c in steady)
-    steady_compute = sum(c["compute_s"] for c in steady)
     num_frames = sum(c["num_frames"] for c in chunks)
     periods = [b["frames_ready_s"] - a["frames_ready_s"] for a, b in itertools.pairwise(chunks)]
     chunk_media_s = 4 * (args.chunk_frames or preset.chunk_latent_frames) / preset.fps
@@ -283,8 +307,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "num_frames": num_frames,
         "media_duration_s": num_frames / preset.fps,
         "first_frame_s": chunks[0]["frames_ready_s"],
-        "steady_compute_fps": steady_frames / steady_compute if steady_compute > 0 else None,
-        "steady_throughput_fps": steady_frames / steady_wall if steady_wall > 0 else None,
+        # Frames per wall second where chunks leave the generator; summed stage busy time is not a
+        # rate for a pipeline, so it is reported per stage in stage_seconds instead.
+        "steady_compute_fps": steady_frames / steady_wall if steady_wall > 0 else None,
         "chunk_compute_s": summarize([c["compute_s"] for c in steady]),
         "first_chunk_compute_s": chunks[0]["compute_s"],
         "chunk_period_s": summarize(periods),
@@ -299,6 +324,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "dit_idle_fraction": _dit_idle_fraction(stage_report, chunks),
         "peak_rss_bytes": peak_rss_bytes(),
         "frames_sha256": rec.digest.hexdigest(),
+        "intra_op_threads": placement_for(args).cpu_threads_per_worker,  # the hash holds for this count
         "chunks": chunks,
         "environment": environment(torch.device(args.device if args.in_process else "cpu")),
         "request": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
@@ -312,9 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     line = f"frames: {report['num_frames']} ({report['media_duration_s']:.2f} s of video)"
-    if report["steady_throughput_fps"]:
+    if report["steady_compute_fps"]:
         line += (
-            f", steady throughput {report['steady_throughput_fps']:.2f} FPS, "
+            f", steady compute {report['steady_compute_fps']:.2f} FPS, "
             f"real-time factor {report['real_time_factor']:.2f}"
         )
     print(line)

@@ -31,13 +31,27 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name (Linux), which decides whether thread counts change bits (see workers/determinism.py)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def environment(device: torch.device) -> dict[str, object]:
+    uname = platform.uname()  # its system/release/machine fields only: `processor` would run `uname -p`
     env: dict[str, object] = {
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "numpy": np.__version__,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
+        "platform": f"{uname.system}-{uname.release}",
+        "machine": uname.machine,
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "device": str(device),

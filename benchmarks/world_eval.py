@@ -70,6 +70,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--strip", type=Path, default=None, help="strip PNG (default: next to --out)")
     p.add_argument("--card", type=Path, default=None, help="model card JSON to record the headline figures in")
     p.add_argument(
+        "--threads",
+        type=int,
+        default=torch.get_num_threads(),
+        help="torch intra-op threads for generation (default: this process's; figures, not bits, are compared)",
+    )
+    p.add_argument(
         "--vae-only",
         action="store_true",
         help="measure only the VAE's reconstruction of the walks (a checkpoint directory needs only vae.safetensors)",
@@ -77,6 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.vae_only and args.card is not None:
         p.error("--card records a full evaluation's figures; drop --vae-only or --card")
+    if args.threads < 1:
+        p.error("--threads must be at least 1")
     return args
 
 
@@ -207,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     t0 = time.perf_counter()
     preset = get_preset(args.model)
-    engine = None if args.vae_only else SerialEngine.load(preset, args.checkpoint)
+    engine = None if args.vae_only else SerialEngine.load(preset, args.checkpoint, cpu_threads=args.threads)
     vae = load_vae(preset, torch.device("cpu"), args.checkpoint) if engine is None else engine.vae
     world = World.generate(WORLD_SEED)
     spec = ClipSpec.for_preset(preset)

@@ -1,12 +1,22 @@
-"""Shared fixtures: a tiny checkpoint in the official on-disk layout, and single-threaded torch."""
+"""Shared fixtures (a tiny checkpoint in the official on-disk layout, single-threaded torch) and the
+test tiers.
+
+Tiers are markers: `processes` (starts worker processes, gloo ranks or subprocesses), `training`
+(runs training loops), `browser` (drives Chromium), `gpu` (needs CUDA), `slow` (soak; only on
+purpose). `make test-fast` runs the tests with none of them. The tier is enforced: a test without
+one of the process-starting markers that starts a process fails, naming the marker to add.
+"""
 
 from __future__ import annotations
 
 import json
+import multiprocessing.process
 import shutil
-from collections.abc import Callable, Iterator
+import subprocess
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -88,3 +98,25 @@ def single_thread_torch() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+PROCESS_MARKERS = ("processes", "training", "browser", "gpu", "slow")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, None]:
+    """Refuse process starts (setup, call and teardown) in tests of the fast tier."""
+    if any(item.get_closest_marker(m) for m in PROCESS_MARKERS):
+        yield
+        return
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError(
+            f"{item.nodeid} starts a process but carries none of the markers {PROCESS_MARKERS}; "
+            "mark it @pytest.mark.processes (or training/browser) so the fast tier stays process-free"
+        )
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+        mp.setattr(subprocess.Popen, "__init__", refuse)
+        yield

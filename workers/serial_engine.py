@@ -1,7 +1,9 @@
 """The serial reference engine: all three stages in one process, one chunk at a time.
 
 It is the correctness reference for the multi-process runtime: same seed, image, prompt and
-controls must give the same frames there. Usage:
+controls must give the same frames there, at the same intra-op thread count (see
+`workers/determinism.py`). Model code runs at `cpu_threads` torch threads (default: the `cpu`
+placement's count per worker), whatever the calling process uses otherwise. Usage:
 
     engine = SerialEngine.load("tiny")
     session = engine.create_session(image, prompt="a walk", seed=0)
@@ -17,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from workers.determinism import DEFAULT_CPU_THREADS, intra_op_threads
 from workers.images import fit_image, read_image, to_model_range
 from workers.models.camera import CameraMotion, CameraTrack, ChunkControl
 from workers.models.components import load_dit, load_text_encoder, load_vae
@@ -58,6 +61,7 @@ class SerialSession:
     camera: CameraTrack
     denoise: DenoiseSession
     decode: DecodeSession
+    cpu_threads: int
     chunks_done: int = 0
     frames_done: int = 0
     closed: bool = field(default=False)
@@ -65,14 +69,15 @@ class SerialSession:
     def step(self, control: ChunkControl) -> ChunkResult:
         if self.closed:
             raise RuntimeError("session is closed")
-        t0 = time.perf_counter()
-        cond = self.condition.next_chunk()
-        cells = self.camera.next_chunk(control, self.chunk_latent_frames)
-        t1 = time.perf_counter()
-        latents = self.denoise.run_chunk(cond, cells)
-        t2 = time.perf_counter()
-        frames = self.decode.run_chunk(latents)
-        t3 = time.perf_counter()
+        with intra_op_threads(self.cpu_threads):
+            t0 = time.perf_counter()
+            cond = self.condition.next_chunk()
+            cells = self.camera.next_chunk(control, self.chunk_latent_frames)
+            t1 = time.perf_counter()
+            latents = self.denoise.run_chunk(cond, cells)
+            t2 = time.perf_counter()
+            frames = self.decode.run_chunk(latents)
+            t3 = time.perf_counter()
         result = ChunkResult(
             index=self.chunks_done,
             frames=frames,
@@ -91,13 +96,22 @@ class SerialSession:
 
 class SerialEngine:
     def __init__(
-        self, preset: ModelPreset, dit: WanDiT, vae: WanVAE, text_encoder: TextEncoder, device: torch.device
+        self,
+        preset: ModelPreset,
+        dit: WanDiT,
+        vae: WanVAE,
+        text_encoder: TextEncoder,
+        device: torch.device,
+        cpu_threads: int = DEFAULT_CPU_THREADS,
     ) -> None:
+        if cpu_threads < 1:
+            raise ValueError(f"cpu_threads must be at least 1, got {cpu_threads}")
         self.preset = preset
         self.dit = dit
         self.vae = vae
         self.text_encoder = text_encoder
         self.device = device
+        self.cpu_threads = cpu_threads
 
     @staticmethod
     def load(
@@ -105,8 +119,12 @@ class SerialEngine:
         checkpoint_dir: str | Path | None = None,
         device: str | torch.device = "cpu",
         weights_seed: int = 0,
+        cpu_threads: int = DEFAULT_CPU_THREADS,
     ) -> SerialEngine:
-        """Build the engine. Without a checkpoint, components get seeded random weights."""
+        """Build the engine. Without a checkpoint, components get seeded random weights.
+
+        `cpu_threads`: torch intra-op threads for model code (the determinism contract's thread count).
+        """
         preset = get_preset(preset) if isinstance(preset, str) else preset
         dev = torch.device(device)
         ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
@@ -116,6 +134,7 @@ class SerialEngine:
             load_vae(preset, dev, ckpt, seed=weights_seed + 1),
             load_text_encoder(preset, dev, ckpt, seed=weights_seed + 2),
             dev,
+            cpu_threads,
         )
 
     def create_session(
@@ -136,13 +155,15 @@ class SerialEngine:
                 f"({p.dit.local_attn_size_frames} frames, {p.dit.sink_size_frames} sink)"
             )
         rgb = fit_image(read_image(image), p.height_px, p.width_px)
-        with torch.no_grad():
-            text = encode_prompt(self.text_encoder, prompt)
-        return SerialSession(
-            preset=p,
-            chunk_latent_frames=chunk,
-            condition=ImageConditionStream(self.vae, to_model_range(rgb), p, chunk),
-            camera=CameraTrack.for_preset(p, motion),
-            denoise=DenoiseSession(self.dit, p, text, seed, chunk),
-            decode=DecodeSession(self.vae),
-        )
+        with intra_op_threads(self.cpu_threads):
+            with torch.no_grad():
+                text = encode_prompt(self.text_encoder, prompt)
+            return SerialSession(
+                preset=p,
+                chunk_latent_frames=chunk,
+                condition=ImageConditionStream(self.vae, to_model_range(rgb), p, chunk),
+                camera=CameraTrack.for_preset(p, motion),
+                denoise=DenoiseSession(self.dit, p, text, seed, chunk),
+                decode=DecodeSession(self.vae),
+                cpu_threads=self.cpu_threads,
+            )

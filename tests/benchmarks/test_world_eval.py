@@ -11,6 +11,8 @@ from PIL import Image
 
 from benchmarks.world_eval import CONTROLS, main
 
+pytestmark = pytest.mark.processes
+
 
 def test_world_eval_writes_report_and_strip(tmp_path: Path) -> None:
     out = tmp_path / "EVAL.json"

@@ -9,25 +9,10 @@ import numpy as np
 import pytest
 
 from server.pacer import VIDEO_CLOCK_HZ, PacedFrame, Pacer, PacerClosed
+from tests.support.clock import FakeClock
 
 FPS = 16
 DT = 1 / FPS
-
-
-class FakeClock:
-    """A clock that only moves when the pacer sleeps (or the test says so)."""
-
-    def __init__(self, t: float = 100.0) -> None:
-        self.t = t
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.t
-
-    async def sleep(self, dt: float) -> None:
-        self.sleeps.append(dt)
-        self.t += dt
-        await asyncio.sleep(0)
 
 
 def chunk(first: int, n: int = 16, h: int = 4, w: int = 6) -> np.ndarray:
@@ -211,11 +196,14 @@ def test_validation_and_pts_step() -> None:
 
 
 async def test_real_clock_smoke() -> None:
-    """With the default clock and asyncio.sleep the rate holds roughly (the only real sleep: ~0.2 s)."""
+    """The default clock and asyncio.sleep drive the schedule (the only real sleep: ~0.2 s).
+
+    Only the lower bound is a property: ticks can be late on a loaded machine, never early.
+    """
     p = Pacer(50, 20)
     p.push(chunk(0, n=11), chunk_index=0, first_frame_index=0)
     start = time.monotonic()
     out = await pull(p, 11)
-    elapsed = time.monotonic() - start
-    assert 0.19 <= elapsed < 1.0  # generous: shared 2-core runners
+    assert time.monotonic() - start >= 10 / 50 - 1e-3
     assert [f.pts for f in out] == [i * 1800 for i in range(11)]
+    assert all(f.emit_s >= f.due_s - 1e-3 for f in out)  # asyncio may wake within its clock resolution

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import io
-import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -12,20 +11,22 @@ from PIL import Image
 
 from server.app import create_app
 from server.settings import Settings
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.processes
 
 READY_TIMEOUT_S = 120
 
 
 def wait_ready(client: TestClient) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
+    def ready() -> bool:
         r = client.get("/readyz")
-        if r.status_code == 200:
-            return
-        assert r.status_code == 503 and r.json()["error"] == "loading", r.text
-        assert r.headers.get("retry-after")
-        time.sleep(0.2)
-    raise AssertionError("server not ready")
+        if r.status_code != 200:  # still loading: says so, and when to come back
+            assert r.status_code == 503 and r.json()["error"] == "loading", r.text
+            assert r.headers.get("retry-after")
+        return r.status_code == 200
+
+    wait_until(ready, READY_TIMEOUT_S, "the server to be ready", poll_s=0.2)
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +87,9 @@ def test_session_lifecycle(client: TestClient) -> None:
     deleted = client.delete(f"/v1/sessions/{sid}").json()
     assert deleted["state"] == "closed"
     assert client.delete(f"/v1/sessions/{r.json()['session_id']}").json()["state"] == "closed"
-    # An offer after close is refused; a little later the closed session is forgotten.
+    # An offer after close is refused; after closed_session_keep_s the closed session is forgotten.
     assert_error(client.post(f"/v1/sessions/{sid}/offer", json={"sdp": "v=0", "type": "offer"}), 409, "conflict")
-    time.sleep(1.0)
+    wait_until(lambda: client.get(f"/v1/sessions/{sid}").status_code == 404, 30, "the closed session to be forgotten")
     assert_error(client.get(f"/v1/sessions/{sid}"), 404, "not_found")
 
 

@@ -5,29 +5,24 @@ starts a session from the first built-in scene, waits for 2 s of displayed video
 and checks that chunks come back with those keys applied and that the HUD shows live numbers, then
 stops the session and shuts the server down with SIGINT.
 
-Skipped (with the reason) where /usr/bin/chromium, the playwright module or the server is missing.
+Skipped (with the reason) where /usr/bin/chromium or the playwright module is missing.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.processes import ServerProcess, running_server, tail
+
 CHROMIUM = Path("/usr/bin/chromium")
-READY_TIMEOUT_S = 90.0
 FIRST_VIDEO_TIMEOUT_MS = 45_000
 CHUNK_TIMEOUT_MS = 20_000
 MIN_FRAMES = 32  # 2 s at 16 FPS
@@ -47,63 +42,17 @@ CHROMIUM_ARGS = [
     "--autoplay-policy=no-user-gesture-required",
 ]
 
+pytestmark = pytest.mark.browser
+
 if not CHROMIUM.exists():
     pytest.skip(f"{CHROMIUM} is missing (install Debian's `chromium` package)", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api", reason="the `playwright` Python package is not installed")
-if not ((REPO / "server" / "__main__.py").exists() and (REPO / "server" / "app.py").exists()):
-    pytest.skip("the server (server/app.py, server/__main__.py) is not there yet", allow_module_level=True)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _tail(path: Path, chars: int = 4000) -> str:
-    try:
-        return path.read_text(errors="replace")[-chars:]
-    except OSError:
-        return "<no server log>"
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], base: str, log: Path) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited with {proc.returncode} before it was ready:\n{_tail(log)}")
-        try:
-            with urllib.request.urlopen(f"{base}/readyz", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"server not ready within {READY_TIMEOUT_S:.0f} s:\n{_tail(log)}")
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
-    port = _free_port()
-    log = tmp_path / "server.log"
-    cmd = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--model", "tiny", "--placement", "cpu"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with log.open("wb") as out:
-        # Own process group: a last-resort cleanup can reach the stage workers too.
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(proc, base, log)
-        yield base, proc, log
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=SERVER_EXIT_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    with running_server(tmp_path / "server.log", "--model", "tiny", "--placement", "cpu") as srv:
+        yield srv
 
 
 def _hook(page: sync_api.Page) -> dict:
@@ -128,8 +77,8 @@ def _number(text: str) -> float:
     return float(match.group())
 
 
-def test_browser_session_end_to_end(server: tuple[str, subprocess.Popen[bytes], Path], tmp_path: Path) -> None:
-    base, proc, log = server
+def test_browser_session_end_to_end(server: ServerProcess, tmp_path: Path) -> None:
+    base, proc, log = server.url, server.proc, server.log
     t0 = time.monotonic()
     page_errors: list[str] = []
     with sync_api.sync_playwright() as pw:
@@ -161,7 +110,7 @@ def test_browser_session_end_to_end(server: tuple[str, subprocess.Popen[bytes], 
                 timeout=FIRST_VIDEO_TIMEOUT_MS,
             )
             hook = _hook(page)
-            assert hook["state"] == "streaming", f"no video: {hook['error']}\nserver log:\n{_tail(log)}"
+            assert hook["state"] == "streaming", f"no video: {hook['error']}\nserver log:\n{tail(log)}"
             assert hook["stats"]["firstFrameS"] is not None and hook["stats"]["firstFrameS"] > 0
             assert page.locator("#video").evaluate("v => v.videoWidth > 0 && !v.paused")
 
@@ -199,6 +148,6 @@ def test_browser_session_end_to_end(server: tuple[str, subprocess.Popen[bytes], 
     try:
         code = proc.wait(timeout=SERVER_EXIT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"server still running {SERVER_EXIT_TIMEOUT_S:.0f} s after SIGINT:\n{_tail(log)}")
+        pytest.fail(f"server still running {SERVER_EXIT_TIMEOUT_S:.0f} s after SIGINT:\n{tail(log)}")
     assert code is not None
     print(f"browser test body took {time.monotonic() - t0:.1f} s; server exit code {code}")

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from workers.determinism import DEFAULT_CPU_THREADS
 from workers.models.presets import ModelPreset
 
 
@@ -28,7 +29,8 @@ class Placement:
     encode: tuple[str, ...]
     dit: tuple[str, ...]
     decode: tuple[str, ...]
-    cpu_threads_per_worker: int = 1  # torch intra-op threads in each CPU worker process
+    # torch intra-op threads in each CPU worker process; part of the determinism contract
+    cpu_threads_per_worker: int = DEFAULT_CPU_THREADS
 
     def __post_init__(self) -> None:
         for stage in ("encode", "dit", "decode"):
@@ -94,7 +96,7 @@ class Placement:
                 encode=tuple(data["encode"]),
                 dit=tuple(data["dit"]),
                 decode=tuple(data["decode"]),
-                cpu_threads_per_worker=int(data.get("cpu_threads_per_worker", 1)),
+                cpu_threads_per_worker=int(data.get("cpu_threads_per_worker", DEFAULT_CPU_THREADS)),
             )
         except KeyError as exc:
             raise PlacementError(

@@ -93,6 +93,7 @@ def test_describe_allocates_no_weights(capsys) -> None:
     assert after < before + 3 * GB
 
 
+@pytest.mark.processes
 def test_describe_module_entrypoint(tmp_path) -> None:
     out_path = tmp_path / "describe.json"
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -5,14 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.support.tiny_dit import LAT_H, LAT_W, TOKENS, dit_inputs, make_dit
 from workers.models.dit import WanDiT
 from workers.models.kv_cache import KVCacheSpec, SessionKVCache, window_mask
-from workers.models.presets import DiTConfig
-from workers.models.random_init import init_random_weights
 from workers.models.sampler import FewStepSampler, FlowSchedule
 
-LAT_H = LAT_W = 8  # latent cells -> 4×4 = 16 tokens per frame
-TOKENS = (LAT_H // 2) * (LAT_W // 2)
 CHUNK = 2
 NUM_CHUNKS = 5
 # Float32 throughout; both paths run the same kernels on differently shaped (and ordered) key
@@ -20,32 +17,8 @@ NUM_CHUNKS = 5
 ATOL = 2e-4
 
 
-def make_dit(local: int, sink: int) -> WanDiT:
-    cfg = DiTConfig(
-        dim=64,
-        ffn_dim=128,
-        num_layers=2,
-        num_heads=4,
-        freq_dim=32,
-        text_dim=16,
-        text_len=8,
-        camera_cell_pixels=8,
-        local_attn_size_frames=local,
-        sink_size_frames=sink,
-    )
-    dit = WanDiT(cfg)
-    init_random_weights(dit, seed=0)
-    return dit.eval()
-
-
 def inputs(seed: int, frames: int = CHUNK * NUM_CHUNKS) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return {
-        "cond": torch.randn(1, 20, frames, LAT_H, LAT_W, generator=g),
-        "cam": torch.randn(1, 384, frames, LAT_H, LAT_W, generator=g),
-        "text": torch.randn(5, 16, generator=g),
-        "x": torch.randn(1, 16, frames, LAT_H, LAT_W, generator=g),
-    }
+    return dit_inputs(seed, frames)
 
 
 def sampler() -> FewStepSampler:

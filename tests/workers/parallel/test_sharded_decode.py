@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.dist_util import run_ranks
+from tests.support.dist import run_ranks
 from workers.images import to_uint8_frames
 from workers.models.presets import VAEConfig
 from workers.models.vae import WanVAE
@@ -108,6 +108,7 @@ def _decode_body(group: StageGroup, latents: torch.Tensor, gather_to: int | None
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.processes
 def test_halo_exchange_and_gather(world_size: int) -> None:
     results = run_ranks(_halo_body, world_size)
     band = 3
@@ -136,6 +137,7 @@ def test_halo_exchange_and_gather(world_size: int) -> None:
     ("world_size", "h", "w", "gather_to"),
     [(2, 8, 8, 0), (4, 16, 8, None)],  # 4 ranks: 16 latent rows -> bands of 4
 )
+@pytest.mark.processes
 def test_streaming_sharded_decode_matches_unsharded(world_size: int, h: int, w: int, gather_to: int | None) -> None:
     latents = _latents(h, w)
     expected, expected_cache = _decode_unsharded(latents)

@@ -9,18 +9,19 @@ import numpy as np
 import pytest
 import torch
 
-from tests.dist_util import run_ranks
-from tests.workers.models.test_dit import inputs as dit_inputs
-from tests.workers.models.test_dit import make_dit as make_test_dit
+from tests.support.dist import run_ranks
+from tests.support.tiny_dit import LAT_H, LAT_W, TOKENS, dit_inputs
+from tests.support.tiny_dit import make_dit as make_test_dit
 from workers.models.dit import WanDiT
 from workers.models.kv_cache import KVCacheSpec, SessionKVCache, window_mask
 from workers.models.sampler import FewStepSampler, FlowSchedule
 from workers.parallel.group import StageGroup
 from workers.parallel.ulysses import SequenceParallel
 
+pytestmark = pytest.mark.processes
+
 WORLD = 2
-LAT_H = LAT_W = 8  # latent cells -> 4×4 = 16 tokens per frame, 8 per rank
-TOKENS = (LAT_H // 2) * (LAT_W // 2)
+# 16 tokens per frame: 8 per rank
 HEADS = 4
 HEAD_DIM = 16
 CHUNK = 2

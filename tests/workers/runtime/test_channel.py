@@ -395,6 +395,7 @@ def test_invalid_arguments() -> None:
 # ---- across processes ----
 
 
+@pytest.mark.processes
 def test_round_trip_across_processes() -> None:
     producer = ChannelProducer("xproc", CPU, slots_per_profile=2)
     proc, conn = spawn(consumer_process, "cpu")
@@ -429,6 +430,7 @@ def test_round_trip_across_processes() -> None:
     assert leaked_segments(os.getpid()) == []
 
 
+@pytest.mark.processes
 def test_killed_consumer_does_not_leak() -> None:
     producer = ChannelProducer("killed", CPU)
     proc, conn = spawn(holding_process)
@@ -445,6 +447,7 @@ def test_killed_consumer_does_not_leak() -> None:
     assert leaked_segments(os.getpid()) == []
 
 
+@pytest.mark.processes
 def test_crashed_producer_segments_can_be_removed() -> None:
     proc, conn = spawn(crashing_producer_process)
     try:

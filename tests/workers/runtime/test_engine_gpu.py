@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.workers.runtime.test_engine import assert_idle, run_session
+from tests.support.engine import assert_idle, run_session
 from workers.runtime.engine import PipelineEngine
 from workers.runtime.placement import PLACEMENTS
 

@@ -7,9 +7,14 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
+import pytest
+
+from tests.support.processes import pid_alive
+from tests.support.waiting import wait_until
 from workers.runtime.parent_death import PARENT_POLL_S
+
+pytestmark = pytest.mark.processes
 
 # A parent that starts a spawn pool the way the training CLI's latents phase does, reports its
 # worker's pid, then waits for it forever.
@@ -29,25 +34,14 @@ PARENT = textwrap.dedent(
 )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"  # a zombie has exited
-    except FileNotFoundError:
-        return False
-
-
 def test_pool_workers_exit_when_their_parent_is_killed() -> None:
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
     try:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
-        assert _alive(child)
+        assert pid_alive(child)
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=10)
-        deadline = time.monotonic() + 10 * PARENT_POLL_S + 5
-        while _alive(child) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _alive(child), "the pool worker outlived its killed parent"
+        wait_until(lambda: not pid_alive(child), 10 * PARENT_POLL_S + 5, "the pool worker to exit with its parent")
     finally:
         parent.kill()

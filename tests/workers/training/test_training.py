@@ -36,6 +36,8 @@ from workers.training.vae_train import (
 )
 from workers.world import World
 
+pytestmark = pytest.mark.training
+
 # The embedded preset's geometry with narrower networks, so a few steps take seconds.
 SMALL = replace(
     GRIDWORLD,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from pathlib import Path
 
 import numpy as np
@@ -213,18 +212,6 @@ def test_random_controls_are_walks(world: World) -> None:
         assert abs(state.pitch_deg) < 35.0
     steered = simulate_path(world, random_controls(np.random.default_rng(0), 20, world=world), 4)
     assert steered.blocked.mean() < 0.15
-
-
-def test_render_speed(world: World) -> None:
-    pose = CameraState(yaw_deg=33.0, pitch_deg=4.0).c2w().numpy()
-    intr = Intrinsics.default(128, 128)
-    world.render(pose, intr, 128, 128)
-    times = []
-    for _ in range(5):
-        t = time.perf_counter()
-        world.render(pose, intr, 128, 128)
-        times.append(time.perf_counter() - t)
-    assert min(times) < 0.05  # ≈ 3 ms on a 2-core CPU; generous for loaded CI machines
 
 
 def test_paths_can_start_anywhere(world: World) -> None:

@@ -1,6 +1,6 @@
 """Run a function on N gloo ranks in spawned processes and collect each rank's return value.
 
-Test helper only: `run_ranks(fn, world_size, *args)` -> [result of rank 0, result of rank 1, …].
+Test helper: `run_ranks(fn, world_size, *args)` -> [result of rank 0, result of rank 1, …].
 `fn(group: StageGroup, *args)` must be a module-level function (spawn pickles it by reference).
 """
 

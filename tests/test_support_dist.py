@@ -6,8 +6,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.dist_util import run_ranks
+from tests.support.dist import run_ranks
 from workers.parallel.group import StageGroup
+
+pytestmark = pytest.mark.processes
 
 
 def _sum_ranks(group: StageGroup) -> float:
