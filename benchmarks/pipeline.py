@@ -22,10 +22,10 @@ import numpy as np
 
 from benchmarks.stats import summarize
 from workers.models.camera import ChunkControl
-from workers.models.presets import PRESETS, get_preset
+from workers.models.presets import PRESETS
 from workers.runtime.engine import PipelineEngine
-from workers.runtime.messages import Stage
 from workers.runtime.placement import PLACEMENTS, get_placement
+from workers.runtime.synthetic import SyntheticModel
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,16 +46,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--stage-ms takes three positive numbers: encode,dit,decode")
     if args.chunks < args.warmup_chunks + 3:
         p.error("--chunks must leave at least 3 chunks after the warm-up")
-    args.stage_s = dict(zip((Stage.ENCODE, Stage.DIT, Stage.DECODE), (m / 1000 for m in ms), strict=True))
+    args.synthetic = SyntheticModel(ms[0] / 1000, ms[1] / 1000, ms[2] / 1000, geometry=args.model)
     return args
 
 
 def run_schedule(args: argparse.Namespace, schedule: str) -> dict[str, Any]:
-    preset = get_preset(args.model)
+    preset = args.synthetic.preset()
     placement = get_placement(args.placement)
     image = np.zeros((preset.height_px, preset.width_px, 3), np.uint8)
     events: queue.Queue[tuple[str, Any]] = queue.Queue()
-    with PipelineEngine(preset, placement, schedule, fixed_stage_s=args.stage_s) as engine:
+    with PipelineEngine(preset, placement, schedule, synthetic=args.synthetic) as engine:
         engine.open_session(
             image,
             "",
@@ -79,7 +79,7 @@ def run_schedule(args: argparse.Namespace, schedule: str) -> dict[str, Any]:
     steady = ready[args.warmup_chunks :]
     periods = np.diff(steady)
     throughput = (len(steady) - 1) / (steady[-1] - steady[0])
-    stage_s = list(args.stage_s.values())
+    stage_s = [args.synthetic.encode_s, args.synthetic.dit_s, args.synthetic.decode_s]
     bottleneck, serial = 1 / max(stage_s), 1 / sum(stage_s)
     bound = bottleneck if schedule == "pipelined" else serial
     return {

@@ -36,10 +36,12 @@ import torch
 from benchmarks.stats import environment, peak_rss_bytes, summarize
 from benchmarks.trace import Trace, TraceReplayer
 from benchmarks.video import Mp4Writer
+from workers.chunk_geometry import chunk_first_frame
 from workers.images import fit_image, read_image
 from workers.models.camera import ChunkControl
-from workers.models.presets import DEFAULT_PRESET, PRESETS, ModelPreset, get_preset
+from workers.models.presets import DEFAULT_PRESET, PRESETS, ModelPreset
 from workers.runtime.placement import PLACEMENTS, Placement, get_placement
+from workers.runtime.synthetic import SYNTHETIC, resolve_model
 from workers.serial_engine import SerialEngine
 
 ASSETS = Path(__file__).parent / "assets"
@@ -50,7 +52,9 @@ STAGES = ("encode", "dit", "decode")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.replay", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=DEFAULT_PRESET, choices=sorted(PRESETS), help="model preset")
+    p.add_argument("--model", default=DEFAULT_PRESET, choices=[*sorted(PRESETS), SYNTHETIC], help="model preset")
+    p.add_argument("--stage-ms", default=None, help="synthetic model: encode,dit,decode hold times in ms")
+    p.add_argument("--synthetic-geometry", default=None, help="synthetic model: preset whose tensor shapes flow")
     p.add_argument(
         "--checkpoint",
         type=Path,
@@ -82,6 +86,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--chunks must be at least 1")
     if args.threads is not None and args.threads < 1:
         p.error("--threads must be at least 1")
+    try:
+        args.preset, args.synthetic = resolve_model(args.model, args.stage_ms, args.synthetic_geometry)
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.synthetic is not None and args.in_process:
+        p.error("the synthetic model runs on the worker processes; drop --in-process")
     return args
 
 
@@ -91,11 +101,6 @@ def placement_for(args: argparse.Namespace) -> Placement:
     if args.threads is not None:
         placement = dataclasses.replace(placement, cpu_threads_per_worker=args.threads)
     return placement
-
-
-def chunk_start_frame(index: int, chunk_latent_frames: int) -> int:
-    """Video frames before chunk `index` (the first chunk is 4C−3 frames, later ones 4C)."""
-    return 0 if index == 0 else 4 * chunk_latent_frames - 3 + (index - 1) * 4 * chunk_latent_frames
 
 
 class Recorder:
@@ -172,7 +177,13 @@ def _run_pipeline(args: argparse.Namespace, trace: Trace, rec: Recorder, preset:
 
     placement = placement_for(args)
     engine = PipelineEngine(
-        preset, placement, args.schedule, max_sessions=1, checkpoint_dir=args.checkpoint, weights_seed=args.weights_seed
+        preset,
+        placement,
+        args.schedule,
+        max_sessions=1,
+        checkpoint_dir=args.checkpoint,
+        weights_seed=args.weights_seed,
+        synthetic=args.synthetic,
     )
     t0 = time.perf_counter()
     engine.start()
@@ -184,7 +195,7 @@ def _run_pipeline(args: argparse.Namespace, trace: Trace, rec: Recorder, preset:
     outputs: queue.Queue[ChunkOutput | tuple[str, str | None]] = queue.Queue()
 
     def control_source(index: int) -> tuple[ChunkControl, bool]:
-        return replayer.control_at(chunk_start_frame(index, chunk) / preset.fps)
+        return replayer.control_at(chunk_first_frame(index, chunk) / preset.fps)
 
     try:
         image = fit_image(read_image(args.image), preset.height_px, preset.width_px)
@@ -248,7 +259,7 @@ def _row(
 ) -> dict[str, Any]:
     return {
         "index": index,
-        "media_start_s": chunk_start_frame(index, chunk) / preset.fps,
+        "media_start_s": chunk_first_frame(index, chunk) / preset.fps,
         "num_frames": num_frames,
         "keys": sorted(control.keys),
         "applied_seq": control.seq,
@@ -273,7 +284,7 @@ def _dit_idle_fraction(stage_report: dict[str, Any] | None, chunks: list[dict[st
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     trace = Trace.load(args.trace)
-    preset = get_preset(args.model)
+    preset = args.preset
     weights = preset.weights_note if args.checkpoint is None else f"checkpoint {args.checkpoint}"
     if not args.quiet:
         print(

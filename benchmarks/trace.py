@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,33 @@ class Trace:
     @property
     def duration_s(self) -> float:
         return self.events[-1].at_s if self.events else 0.0
+
+    @staticmethod
+    def random_walk(duration_s: float, seed: int = 0, min_gap_s: float = 0.6, max_gap_s: float = 1.8) -> Trace:
+        """Held-key changes (`control_state`) at uniformly random gaps: controls land at random phases
+        of the chunk schedule, so the wait for the next chunk start averages half a chunk."""
+        rng = random.Random(seed)
+        events, t = [], 0.0
+        while t < duration_s:
+            keys = rng.choice(WALK_KEYS)
+            events.append(TraceEvent(at_s=t, message={"type": "control_state", "controls": list(keys)}))
+            t += rng.uniform(min_gap_s, max_gap_s)
+        return Trace(tuple(events))
+
+
+# Held-key sets a walker uses: forward, turns, strafes, looks and standing still.
+WALK_KEYS: tuple[tuple[str, ...], ...] = (
+    ("w",),
+    ("w", "j"),
+    ("w", "l"),
+    ("a",),
+    ("d",),
+    ("j",),
+    ("l",),
+    ("i",),
+    ("k",),
+    (),
+)
 
 
 class TraceReplayer:

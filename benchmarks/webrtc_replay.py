@@ -1,279 +1,197 @@
-"""WebRTC replay: a real aiortc client drives a running server the way a browser does.
+"""WebRTC replay: real aiortc clients drive a server the way browsers do, and count what viewers get.
 
-    python -m benchmarks.webrtc_replay --url http://127.0.0.1:8000 --trace TRACE.json --duration-s 60 \
-        --out runs/webrtc.json
+    # against a running server
+    python -m benchmarks.webrtc_replay --url http://127.0.0.1:8000 --duration-s 60 --out runs/webrtc.json
+    # start one (synthetic timing model), and A/B the dispatch policies on the same trace
+    python -m benchmarks.webrtc_replay --serve "--model synthetic --stage-ms 100,800,500" \
+        --dispatch jit,chunk-synchronous --duration-s 60 --out runs/webrtc-synthetic.json
+    # two viewers at once
+    python -m benchmarks.webrtc_replay --serve "--model synthetic --stage-ms 50,400,300" --viewers 2 ...
 
-It creates a session through the REST API, negotiates (offer with a recvonly video transceiver and
-a "control" data channel), replays the trace's messages over the data channel on its own clock
-(each with `seq` and `t`), pings every second, receives and decodes the video, and reports:
-client FPS and frames received vs expected, frame-interval jitter p50/p99, first-frame seconds,
-glass-to-glass control latency p50/p95 (a control's send time → arrival of the first decoded frame
-of the first chunk that echoes its seq), plus the server's chunk metrics.
+Each viewer creates a session through the REST API (with the run's `dispatch`), negotiates (recvonly
+video and a "control" data channel), replays the control trace over the data channel (default: a
+seeded random walk whose key changes fall at random phases of the chunk schedule; or `--trace FILE`),
+receives and decodes the video, and identifies every frame (`benchmarks/delivery.py`: stamped frame
+numbers on the synthetic model, content on real ones). Per viewer it reports unique generated
+frames per second (`client_unique_fps`), repeats (after the first chunk too), stalls, out-of-order
+frames, frame-interval jitter and glass-to-glass p50/p95 (control sent → first received frame of
+the first chunk that applied it; this client has no display, so a browser adds its render delay), and
+beside them the server's own repeat/drop counters. Per run it reports, from the engine, the DiT's
+idle fraction and every stage's busy seconds over the steady window (after each viewer's first
+chunk), which is where compute shows, separately from delivery.
 
-Glass-to-glass here ends at decode in this client (no display), which is the browser's minus its
-render delay.
+Runs for several dispatch policies happen one after another against the same server and trace.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
+import shlex
 import sys
 import time
-from dataclasses import dataclass, field
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
-from aiortc import RTCPeerConnection, RTCSessionDescription
 
-from benchmarks.stats import summarize
+from benchmarks.delivery import analyze
+from benchmarks.local_server import local_server
 from benchmarks.trace import Trace
-from server.ice import use_loopback_candidates
+from benchmarks.webrtc_client import WebRTCClient, use_loopback_if_local
+from server.dispatch import DispatchPolicy
+from workers.chunk_geometry import chunk_num_frames
 
-ASSETS = Path(__file__).parent / "assets"
-VIDEO_CLOCK_HZ = 90_000
-
-
-@dataclass
-class ClientRun:
-    """What one client saw. Times are this process's perf_counter seconds."""
-
-    started_t: float = field(default_factory=time.perf_counter)
-    frame_times: list[float] = field(default_factory=list)
-    frame_pts: list[int] = field(default_factory=list)
-    chunks: list[dict[str, Any]] = field(default_factory=list)
-    errors: list[dict[str, Any]] = field(default_factory=list)
-    stats: list[dict[str, Any]] = field(default_factory=list)
-    ready: dict[str, Any] | None = None
-    sent: dict[int, float] = field(default_factory=dict)  # control seq -> send time
-    done: dict[str, Any] | None = None
-    keep_frames: int = 0  # decoded frames to keep (RGB arrays), e.g. for tests that look at them
-    frames: list[Any] = field(default_factory=list)
-
-    def glass_to_glass_s(self) -> list[float]:
-        """Per control: send → first received frame at or after the pts_start of the first chunk echoing it."""
-        out = []
-        for seq, sent_t in self.sent.items():
-            chunk = next((c for c in self.chunks if c.get("applied_seq") is not None and c["applied_seq"] >= seq), None)
-            if chunk is None:
-                continue
-            shown = next(
-                (t for t, p in zip(self.frame_times, self.frame_pts, strict=True) if p >= chunk["pts_start"]), None
-            )
-            if shown is not None and shown >= sent_t:
-                out.append(shown - sent_t)
-        return out
+STEADY_WAIT_S = 120.0  # for every viewer's second chunk to arrive
 
 
-class WebRTCClient:
-    """One session against a server: REST + offer/answer + data channel + video receive."""
-
-    def __init__(self, url: str, token: str | None = None) -> None:
-        self.url = url.rstrip("/")
-        headers = {"authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=30)
-        self.pc = RTCPeerConnection()
-        self.channel = self.pc.createDataChannel("control")
-        self.run = ClientRun()
-        self.session: dict[str, Any] | None = None
-        self._seq = 0
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._open = asyncio.Event()
-
-    async def start(self, scene: str = "main-street", prompt: str = "", seed: int = 0) -> dict[str, Any]:
-        r = await self.http.post("/v1/sessions", json={"scene": scene, "prompt": prompt, "seed": seed})
-        if r.status_code != 201:
-            raise RuntimeError(f"create session: {r.status_code} {r.text}")
-        self.session = r.json()
-        self.pc.addTransceiver("video", direction="recvonly")
-        self.channel.on("message", self._on_message)
-        self.channel.on("open", self._open.set)
-        self.pc.on("track", lambda track: self._spawn(self._receive(track)))
-        await self.pc.setLocalDescription(await self.pc.createOffer())
-        sid, token = self.session["session_id"], self.session["token"]
-        r = await self.http.post(
-            f"/v1/sessions/{sid}/offer",
-            json={"sdp": self.pc.localDescription.sdp, "type": "offer"},
-            headers={"authorization": f"Bearer {token}"},
-        )
-        if r.status_code != 200:
-            raise RuntimeError(f"offer: {r.status_code} {r.text}")
-        await self.pc.setRemoteDescription(RTCSessionDescription(**r.json()))
-        await asyncio.wait_for(self._open.wait(), 20)
-        self._spawn(self._ping())
-        return self.session
-
-    def send(self, message: dict[str, Any]) -> int:
-        self._seq += 1
-        now = time.perf_counter()
-        msg = {**message, "seq": self._seq, "t": now * 1000}
-        if message.get("type") in ("control", "control_state", "look", "reset_pose"):
-            self.run.sent[self._seq] = now
-        self.channel.send(json.dumps(msg))
-        return self._seq
-
-    async def replay(self, trace: Trace, duration_s: float, loop: bool = True) -> None:
-        """Send the trace's messages on its clock (its `stop` ends a pass); with `loop`, start over until done."""
-        t0 = time.perf_counter()
-        offset = 0.0
-        period = trace.duration_s + 1.0
-        while time.perf_counter() - t0 < duration_s:
-            for event in trace.events:
-                wait = t0 + offset + event.at_s - time.perf_counter()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                if time.perf_counter() - t0 > duration_s or event.message.get("type") == "stop":
-                    break
-                self.send({k: v for k, v in event.message.items() if k not in ("seq", "t")})
-            if not loop:
-                break
-            offset += period
-        rest = t0 + duration_s - time.perf_counter()
-        if rest > 0:
-            await asyncio.sleep(rest)
-
-    async def server_session(self) -> dict[str, Any]:
-        assert self.session is not None
-        r = await self.http.get(f"/v1/sessions/{self.session['session_id']}")
-        return r.json()
-
-    async def close(self) -> dict[str, Any] | None:
-        final = None
-        if self.session is not None:
-            sid = self.session["session_id"]
-            r = await self.http.delete(
-                f"/v1/sessions/{sid}", headers={"authorization": f"Bearer {self.session['token']}"}
-            )
-            final = r.json() if r.status_code == 200 else None
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.pc.close()
-        await self.http.aclose()
-        return final
-
-    # ---- internals ----
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _receive(self, track: Any) -> None:
-        while True:
-            try:
-                frame = await track.recv()
-            except Exception:
-                return  # track ended
-            self.run.frame_times.append(time.perf_counter())
-            self.run.frame_pts.append(int(frame.pts))
-            if len(self.run.frames) < self.run.keep_frames:
-                self.run.frames.append(frame.to_ndarray(format="rgb24"))
-
-    async def _ping(self) -> None:
-        while True:
-            self.send({"type": "ping"})
-            await asyncio.sleep(1.0)
-
-    def _on_message(self, data: str) -> None:
-        msg = json.loads(data)
-        kind = msg.get("type")
-        if kind == "chunk":
-            msg["received_t"] = time.perf_counter()
-            self.run.chunks.append(msg)
-        elif kind == "ready":
-            self.run.ready = msg
-        elif kind == "stats":
-            self.run.stats.append(msg)
-        elif kind == "error":
-            self.run.errors.append(msg)
-        elif kind == "done":
-            self.run.done = msg
-
-
-def report(run: ClientRun, fps: int, duration_s: float, server: dict[str, Any] | None) -> dict[str, Any]:
-    times = run.frame_times
-    first = times[0] - run.started_t if times else None
-    intervals = [b - a for a, b in itertools.pairwise(times)]
-    playing_s = times[-1] - times[0] if len(times) > 1 else 0.0
-    expected = int(playing_s * fps) + 1 if times else 0
-    g2g = run.glass_to_glass_s()
-    received_fps = (len(times) - 1) / playing_s if playing_s > 0 else None
-    return {
-        "duration_s": duration_s,
-        "frames_received": len(times),
-        "frames_expected": expected,
-        "client_fps": received_fps,
-        "client_fps_over_target": received_fps / fps if received_fps else None,
-        "frame_interval_s": summarize(intervals),
-        "jitter_s": {
-            "p50": abs(summarize(intervals)["p50"] - 1 / fps) if intervals else None,  # type: ignore[operator]
-            "p99": abs(summarize(intervals)["p99"] - 1 / fps) if intervals else None,  # type: ignore[operator]
-        },
-        "first_frame_s": first,
-        "glass_to_glass_s": summarize(g2g) | {"p95": sorted(g2g)[int(0.95 * (len(g2g) - 1))] if g2g else None},
-        "controls_sent": len(run.sent),
-        "chunks_received": len(run.chunks),
-        "applied_seqs": [c.get("applied_seq") for c in run.chunks],
-        "errors": run.errors,
-        "server_session": server,
-        "server_stats_last": run.stats[-1] if run.stats else None,
-    }
-
-
-def use_loopback_if_local(url: str) -> None:
-    """A loopback server only accepts loopback candidates: gather ours on 127.0.0.1 too."""
-    host = urlsplit(url).hostname or ""
-    use_loopback_candidates(host in ("127.0.0.1", "localhost", "::1"))
-
-
-async def run_replay(args: argparse.Namespace) -> dict[str, Any]:
-    trace = Trace.load(args.trace)
-    use_loopback_if_local(args.url)
-    client = WebRTCClient(args.url, args.token)
-    try:
-        await client.start(args.scene, args.prompt, args.seed)
-        print(f"session {client.session['session_id']} connected; replaying {args.duration_s:g} s", file=sys.stderr)  # type: ignore[index]
-        await client.replay(trace, args.duration_s)
-        server = await client.server_session()
-    finally:
-        await client.close()
-    fps = client.run.ready["fps"] if client.run.ready else 16
-    headers = {"authorization": f"Bearer {args.token}"} if args.token else {}
-    async with httpx.AsyncClient(base_url=args.url, timeout=30, headers=headers) as http:
-        engine = (await http.get("/v1/engine")).json()
-    out = report(client.run, fps, args.duration_s, server)
-    out["server_event_loop_lag_p99_s"] = engine.get("event_loop_lag_p99_s")
-    out["server_stage_busy_idle_s"] = engine.get("stage_busy_idle_s")
-    return out
-
-
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.webrtc_replay", description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", default="http://127.0.0.1:8000")
-    p.add_argument("--trace", type=Path, default=ASSETS / "default_trace.json")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--url", default=None, help="a running server (default http://127.0.0.1:8000)")
+    where.add_argument("--serve", default=None, help='start a server with these arguments, e.g. "--model synthetic"')
+    p.add_argument("--trace", type=Path, default=None, help="control trace (default: a seeded random walk)")
+    p.add_argument("--trace-seed", type=int, default=0, help="seed of the random-walk trace")
     p.add_argument("--duration-s", type=float, default=60.0)
+    p.add_argument("--dispatch", default=None, help="comma-separated policies to run in turn (default: the server's)")
+    p.add_argument("--viewers", type=int, default=1, help="concurrent viewers per run")
     p.add_argument("--scene", default="main-street")
     p.add_argument("--prompt", default="")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--token", default=None, help="API token, if the server requires one")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
-    result = asyncio.run(run_replay(args))
+    if args.viewers < 1 or args.duration_s <= 0:
+        p.error("--viewers must be at least 1 and --duration-s positive")
+    policies = [None] if args.dispatch is None else args.dispatch.split(",")
+    valid = [d.value for d in DispatchPolicy]
+    if any(d is not None and d not in valid for d in policies):
+        p.error(f"--dispatch takes {valid}, comma-separated")
+    args.policies = policies
+    return args
+
+
+async def _engine(http: httpx.AsyncClient) -> dict[str, Any]:
+    return (await http.get("/v1/engine")).json()
+
+
+async def _wait_steady(clients: list[WebRTCClient]) -> None:
+    deadline = time.perf_counter() + STEADY_WAIT_S
+    while not all(any(c["index"] >= 1 for c in client.run.chunks) for client in clients):
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"no second chunk within {STEADY_WAIT_S:g} s")
+        await asyncio.sleep(0.05)
+
+
+def _window(before: dict[str, Any], after: dict[str, Any], wall_s: float) -> dict[str, Any]:
+    """Stage busy/idle seconds between two engine readings, and the DiT's idle fraction."""
+    b, a = before["stage_busy_idle_s"], after["stage_busy_idle_s"]
+    busy = {s: a[s]["busy_s"] - b[s]["busy_s"] for s in a}
+    idle = {s: a[s]["idle_s"] - b[s]["idle_s"] for s in a}
+    return {"window_s": wall_s, "stage_busy_s": busy, "stage_idle_s": idle, "dit_idle_fraction": idle["dit"] / wall_s}
+
+
+async def run_policy(args: argparse.Namespace, url: str, trace: Trace, policy: str | None) -> dict[str, Any]:
+    clients = [WebRTCClient(url, args.token) for _ in range(args.viewers)]
+    headers = {"authorization": f"Bearer {args.token}"} if args.token else {}
+    async with httpx.AsyncClient(base_url=url, timeout=30, headers=headers) as http:
+        try:
+            for c in clients:
+                await c.start(args.scene, args.prompt, args.seed, dispatch=policy)
+            print(
+                f"{policy or 'server default'}: {args.viewers} viewer(s) connected; replaying {args.duration_s:g} s",
+                file=sys.stderr,
+                flush=True,
+            )
+            t0 = time.perf_counter()
+            replays = [asyncio.create_task(c.replay(trace, args.duration_s)) for c in clients]
+            await _wait_steady(clients)
+            steady_t, before = time.perf_counter(), await _engine(http)
+            await asyncio.gather(*replays)
+            after = await _engine(http)
+            engine = _window(before, after, time.perf_counter() - steady_t)
+            servers = [await c.server_session() for c in clients]
+        finally:
+            for c in clients:
+                await c.close()
+    viewers = []
+    for c, server in zip(clients, servers, strict=True):
+        ready = c.run.ready or {}
+        fps = ready.get("fps", 16)
+        first = chunk_num_frames(0, ready.get("chunk_frames", 16) // 4)
+        report = analyze(c.run.frames, c.run.chunks, c.run.sent, fps, first, c.run.stamped)
+        m = server.get("metrics", {})
+        report |= {
+            "fps": fps,
+            "dispatch": m.get("dispatch"),
+            "controls_sent": len(c.run.sent),
+            "chunks_received": len(c.run.chunks),
+            "errors": c.run.errors,
+            "server_frames_repeated": m.get("frames_repeated"),
+            "server_frames_dropped": m.get("frames_dropped"),
+            "server_real_time_factor": m.get("real_time_factor"),
+            "server_control_to_frame_p50_s": m.get("control_to_frame_p50_s"),
+            "server_session": server,
+            "server_stats_last": c.run.stats[-1] if c.run.stats else None,
+        }
+        viewers.append(report)
+    return {
+        "dispatch": viewers[0]["dispatch"],
+        "model": (clients[0].run.ready or {}).get("model"),
+        "viewers": viewers,
+        "engine": engine | {"event_loop_lag_p99_s": after.get("event_loop_lag_p99_s")},
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+async def run_all(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    use_loopback_if_local(url)
+    trace = Trace.load(args.trace) if args.trace else Trace.random_walk(args.duration_s, args.trace_seed)
+    runs = [await run_policy(args, url, trace, policy) for policy in args.policies]
+    return {
+        "runs": runs,
+        "request": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+    }
+
+
+def headline(run: dict[str, Any]) -> list[str]:
+    lines = []
+    e = run["engine"]
+    busy = ", ".join(f"{s} {v:.1f}" for s, v in e["stage_busy_s"].items())
+    lines.append(
+        f"{run['dispatch']} ({run['model']}): DiT idle {e['dit_idle_fraction']:.2f} of the steady "
+        f"{e['window_s']:.0f} s; stage busy s: {busy}"
+    )
+    for i, v in enumerate(run["viewers"], 1):
+        g = v["glass_to_glass_s"]
+        fps = v["client_unique_fps"] or 0.0
+        lines.append(
+            f"  viewer {i}: unique {fps:.2f} FPS ({fps / v['fps']:.3f} of {v['fps']}), "
+            f"repeats {v['repeated_frames']} ({v['repeated_frames_after_first_chunk']} after the first chunk, "
+            f"{100 * v['repeated_fraction_after_first_chunk']:.1f} %; by content {v['repeated_frames_by_content']}), "
+            f"stalls {v['stalls']}, "
+            f"out of order {v['out_of_order_frames']}, glass-to-glass p50 {g['p50'] or 0:.2f} s "
+            f"p95 {g['p95'] or 0:.2f} s; server repeats {v['server_frames_repeated']} drops "
+            f"{v['server_frames_dropped']}"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with ExitStack() as stack:
+        url = args.url or "http://127.0.0.1:8000"
+        if args.serve is not None:
+            log = args.out.with_suffix(".server.log")
+            print(f"starting: python -m server {args.serve} (log {log})", file=sys.stderr, flush=True)
+            url = stack.enter_context(local_server(shlex.split(args.serve), log)).url
+        result = asyncio.run(run_all(args, url))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    g2g = result["glass_to_glass_s"]
-    print(
-        f"client FPS {result['client_fps'] or 0:.2f} ({result['frames_received']}/{result['frames_expected']} frames), "
-        f"jitter p99 {1000 * (result['jitter_s']['p99'] or 0):.1f} ms, "
-        f"first frame {result['first_frame_s'] or 0:.2f} s, "
-        f"glass-to-glass p50 {g2g['p50'] or 0:.2f} s p95 {g2g['p95'] or 0:.2f} s, "
-        f"server event-loop lag p99 {1000 * (result['server_event_loop_lag_p99_s'] or 0):.1f} ms"
-    )
+    for run in result["runs"]:
+        print("\n".join(headline(run)))
     print(f"report: {args.out}")
     return 0
 

@@ -13,6 +13,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from server.app import create_app
+from server.dispatch import DispatchPolicy
 from server.logs import configure_logging
 from server.settings import Settings
 from workers.models.presets import DEFAULT_PRESET
@@ -23,7 +24,10 @@ def parse_args(argv: list[str] | None = None) -> dict[str, object]:
     p = argparse.ArgumentParser(prog="python -m server", description="worldrtc: a real-time world-model server")
     p.add_argument("--host", help="bind address (default 127.0.0.1; others need an API token)")
     p.add_argument("--port", type=int, help="HTTP port (default 8000)")
-    p.add_argument("--model", help=f"model preset (default {DEFAULT_PRESET})")
+    p.add_argument("--model", help=f"model preset, or 'synthetic' for the timing model (default {DEFAULT_PRESET})")
+    p.add_argument("--stage-ms", help="synthetic model: encode,dit,decode hold times in ms (default 100,800,500)")
+    p.add_argument("--synthetic-geometry", help="synthetic model: preset whose tensor shapes flow (default 14B)")
+    p.add_argument("--dispatch", choices=[d.value for d in DispatchPolicy], help="when chunks start (default jit)")
     p.add_argument("--placement", help="placement preset or .json (default cpu)")
     p.add_argument("--checkpoint-dir", help="checkpoint directory (default: the preset's built-in weights)")
     p.add_argument("--max-sessions", type=int, help="concurrent sessions (default 2)")

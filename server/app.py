@@ -33,11 +33,12 @@ from server.protocol import AnswerResponse, CreateSessionRequest, ErrorBody, Off
 from server.scenes import scene_names, scene_path
 from server.session import ACTIVE, ServerSession, SessionState
 from server.settings import Settings
+from workers.chunk_geometry import chunk_num_frames
 from workers.images import ImageError, fit_image, read_image
 from workers.models.camera import ChunkControl
-from workers.models.presets import get_preset
 from workers.runtime.engine import PipelineEngine
 from workers.runtime.placement import get_placement
+from workers.runtime.synthetic import resolve_model
 
 log = logging.getLogger("worldrtc.server")
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
@@ -47,7 +48,7 @@ DATA_URL_OVERHEAD = 4 / 3  # base64
 class AppState:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.preset = get_preset(settings.model)
+        self.preset, synthetic = resolve_model(settings.model, settings.stage_ms, settings.synthetic_geometry)
         placement = get_placement(settings.placement)
         # Constructing the engine validates the placement against the model: a bad one fails now.
         self.engine = PipelineEngine(
@@ -57,6 +58,7 @@ class AppState:
             max_sessions=settings.max_sessions,
             checkpoint_dir=settings.checkpoint_dir,
             weights_seed=settings.weights_seed,
+            synthetic=synthetic,
         )
         self.placement = placement
         self.metrics = Metrics()
@@ -187,8 +189,9 @@ def create_app(settings: Settings) -> FastAPI:
             "width": p.width_px,
             "height": p.height_px,
             "fps": settings.fps,
-            "chunk_frames": 4 * p.chunk_latent_frames,
+            "chunk_frames": chunk_num_frames(1, p.chunk_latent_frames),
             "placement": state.placement.name,
+            "dispatch": settings.dispatch.value,
             "scenes": [{"name": n, "url": f"/v1/scenes/{n}"} for n in scene_names()],
             "ready": state.ready,
         }
@@ -255,6 +258,7 @@ def create_app(settings: Settings) -> FastAPI:
             body.max_duration_s,
             fps=body.fps,
             chunk_latent_frames=body.chunk_frames,
+            dispatch=body.dispatch,
         )
         state.sessions[session.id] = session
         session_closed_cleanup(session)

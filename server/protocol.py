@@ -12,10 +12,12 @@ client → server
     stop           {}
 
 server → client
-    ready   {session_id, model, weights, width, height, fps, chunk_frames}
+    ready   {session_id, model, weights, width, height, fps, chunk_frames, dispatch}
     chunk   {index, first_frame, num_frames, pts_start, pts_end, applied_seq, applied_keys,
-             timings: {encode_s, dit_s, decode_s, queue_s}, control_to_frame_s}
-    stats   {frames_sent, frames_dropped, frames_repeated, chunk_period_p50_s, fps}
+             timings: {encode_s, dit_s, decode_s, queue_s, start_to_pacer_s}}
+    stats   {frames_sent, frames_dropped, frames_repeated, repeats_per_s, chunk_period_p50_s,
+             real_time_factor, fps, dispatch, buffered_ms, chunks_in_flight, predicted_latency_s,
+             predicted_control_to_frame_s, control_to_frame_p50_s}
     error   {code, message}
     pong    {seq, t, server_t}
     done    {reason}
@@ -27,6 +29,8 @@ import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from server.dispatch import DispatchPolicy
 
 MAX_CONTROL_MESSAGE_BYTES = 4096
 MAX_KEYS = 32
@@ -148,6 +152,9 @@ class CreateSessionRequest(BaseModel):
         Annotated[int, Field(ge=1, le=16, description="latent frames per chunk (4 video frames each)")] | None
     ) = None
     max_duration_s: Annotated[float, Field(gt=0, le=24 * 3600)] | None = None
+    dispatch: DispatchPolicy | None = Field(
+        default=None, description="when chunks start: jit (default) or chunk-synchronous (the A/B baseline)"
+    )
 
 
 class SessionInfo(BaseModel):

@@ -9,6 +9,11 @@ Every wait has a timeout, every task is owned here and cancelled on close, and `
 idempotent, tearing down in reverse order of setup (engine session, track, peer connection).
 Engine callbacks arrive on the scheduler thread and are handed to the event loop; the loop only
 enqueues frames (no copies, no conversion) and sends small JSON messages.
+
+When the engine could start this viewer's next chunk it asks `_sample_control` (scheduler thread);
+the session's dispatch controller (`server/dispatch.py`) answers start now, later, or not yet, and a
+chunk that starts takes the controls held at that moment. Control-to-frame latency is measured from
+a control's arrival to the moment the pacer sends the first frame of the first chunk that applied it.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import numpy as np
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 
 from server.codecs import prefer_codecs
+from server.dispatch import DispatchConfig, DispatchController, DispatchPolicy, StartLater, StartNow
 from server.errors import BadRequest, Conflict
 from server.metrics import Metrics
 from server.pacer import Pacer
@@ -41,14 +47,16 @@ from server.protocol import (
 )
 from server.settings import Settings
 from server.video_track import PacedVideoTrack
+from workers.chunk_geometry import chunk_num_frames
 from workers.controls import ControlError, ControlState
 from workers.models.camera import ChunkControl
 from workers.models.presets import ModelPreset
-from workers.runtime.engine import ChunkOutput, PipelineEngine
+from workers.runtime.engine import ChunkOutput, Hold, PipelineEngine
 
 log = logging.getLogger("worldrtc.session")
 
 PENDING_CONTROLS = 512  # control arrival times kept for control-to-frame latency (oldest dropped)
+LATENCY_SAMPLES = 64  # recent control-to-frame samples behind the stats' p50
 
 
 class SessionState(StrEnum):
@@ -76,6 +84,7 @@ class ServerSession:
         max_duration_s: float | None,
         fps: int | None = None,
         chunk_latent_frames: int | None = None,
+        dispatch: DispatchPolicy | None = None,
     ) -> None:
         self.id = secrets.token_hex(8)
         self.token = secrets.token_urlsafe(24)
@@ -90,14 +99,21 @@ class ServerSession:
         self.loop = asyncio.get_running_loop()
         self.pc: RTCPeerConnection | None = None
         self.channel: Any = None
-        # Flow control (see _sample_control) keeps under one chunk buffered when a chunk starts, so at
-        # most two chunks can sit here; the bound only drops frames if that contract breaks.
-        self.pacer = Pacer(self.fps, max_frames=2 * 4 * self.chunk_latent_frames + 4)
+        chunk_frames = chunk_num_frames(1, self.chunk_latent_frames)
+        # Dispatch (server/dispatch.py) keeps at most two chunks between DiT start and the pacer, and
+        # starts one only when the buffer is about to run out: the bound only drops frames if that breaks.
+        self.pacer = Pacer(self.fps, max_frames=2 * chunk_frames + 4, on_emit=self._on_emit)
+        self.dispatch = DispatchController(
+            DispatchConfig(dispatch or settings.dispatch, self.fps, self.chunk_latent_frames)
+        )
         self.track: PacedVideoTrack | None = None
         self.engine_session: str | None = None
         self._controls = ControlState()
-        self._controls_lock = threading.Lock()  # the engine samples controls on its scheduler thread
-        self._control_times: deque[tuple[int, float]] = deque(maxlen=PENDING_CONTROLS)
+        # The engine asks for controls and dispatch verdicts on its scheduler thread; the loop feeds both.
+        self._lock = threading.Lock()
+        self._control_times: deque[tuple[int, float]] = deque(maxlen=PENDING_CONTROLS)  # (seq, arrival)
+        self._awaiting_display: dict[int, list[float]] = {}  # chunk -> arrivals of controls it applied first
+        self._control_to_frame: deque[float] = deque(maxlen=LATENCY_SAMPLES)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._last_message_t = time.monotonic()
         self._tokens = settings.control_rate_per_s  # token bucket for client messages
@@ -106,7 +122,6 @@ class ServerSession:
         self._periods: deque[float] = deque(maxlen=64)
         self.chunks = 0
         self._frames_pushed = 0
-        self._dispatched_frames = 0  # frames of chunks the DiT has started (written on the scheduler thread)
         self.first_frame_s: float | None = None
         self._closed = asyncio.Event()
         self._spawn(self._expire_if_no_offer(), "offer-timeout")
@@ -124,12 +139,15 @@ class ServerSession:
             "width": p.width_px,
             "height": p.height_px,
             "fps": self.fps,
-            "chunk_frames": 4 * self.chunk_latent_frames,
+            "chunk_frames": chunk_num_frames(1, self.chunk_latent_frames),
             "error": self.error,
             "metrics": {
+                "dispatch": self.dispatch.config.policy.value,
                 "chunks": self.chunks,
                 "first_frame_s": self.first_frame_s,
                 "chunk_period_p50_s": periods[len(periods) // 2] if periods else None,
+                "real_time_factor": self._real_time_factor(periods),
+                "control_to_frame_p50_s": _median(self._control_to_frame),
                 "frames_sent": self.pacer.sent,
                 "frames_dropped": self.pacer.dropped,
                 "frames_repeated": self.pacer.repeated,
@@ -238,10 +256,12 @@ class ServerSession:
                 "width": p.width_px,
                 "height": p.height_px,
                 "fps": self.fps,
-                "chunk_frames": 4 * self.chunk_latent_frames,
+                "chunk_frames": chunk_num_frames(1, self.chunk_latent_frames),
+                "dispatch": self.dispatch.config.policy.value,
             }
         )
         self._open_t = time.monotonic()
+        self._open_perf_t = time.perf_counter()  # the engine's clock: chunk stage times count from here
         self.engine_session = self.engine.open_session(
             self.image,
             self.prompt,
@@ -279,28 +299,21 @@ class ServerSession:
             self.prompt = msg.text  # the conditioning of a running session is fixed; used by the next one
         else:
             try:
-                with self._controls_lock:
+                with self._lock:
                     self._controls.apply(as_control_dict(msg))
             except ControlError as exc:
                 self._send_error("bad_control", str(exc))
                 return
             if msg.seq is not None:
-                self._control_times.append((msg.seq, time.perf_counter()))
+                self._control_times.append((msg.seq, now))
 
-    def _sample_control(self, chunk_index: int) -> tuple[ChunkControl, bool] | None:
-        """Called by the engine when the DiT is ready to start a chunk (scheduler thread).
-
-        Flow control: a chunk starts only while less than one chunk of video is buffered or in
-        flight for this viewer. Generating further ahead would only add glass-to-glass latency
-        (controls are sampled here) and overflow the pacer.
-        """
-        frames = 4 * self.chunk_latent_frames
-        ahead = (self._dispatched_frames - self._frames_pushed) + self.pacer.depth
-        if chunk_index > 0 and ahead >= frames:
-            return None
-        self._dispatched_frames += frames if chunk_index else frames - 3
-        with self._controls_lock:
-            return self._controls.sample()
+    def _sample_control(self, chunk_index: int) -> tuple[ChunkControl, bool] | Hold | None:
+        """Called by the engine when the DiT could start this viewer's next chunk (scheduler thread)."""
+        with self._lock:
+            verdict = self.dispatch.poll(chunk_index, time.monotonic())
+            if isinstance(verdict, StartNow):
+                return self._controls.sample()
+        return Hold(verdict.delay_s) if isinstance(verdict, StartLater) else None
 
     # ---- engine events (on the loop) ----
 
@@ -312,14 +325,20 @@ class ServerSession:
         first_frame = self._frames_pushed
         self.pacer.push(out.frames, out.index, first_frame)
         self._frames_pushed += n
+        now = time.monotonic()
+        pacer = self.pacer
+        next_due = pacer.next_due_s if pacer.started else now
+        assert next_due is not None
+        with self._lock:
+            self.dispatch.arrived(out.index, now, playout_end_t=max(next_due, now) + pacer.depth / self.fps)
+            start_to_pacer = self.dispatch.last_latency_s
         # The pts this chunk's first frame will carry: every tick so far (repeats included) plus the
         # frames queued ahead of it. Exact unless the pacer later drops or repeats before it.
-        step = self.pacer.pts_step
-        pts_start = (self.pacer.sent + self.pacer.depth - n) * step
-        now = time.perf_counter()
+        step = pacer.pts_step
+        pts_start = (pacer.sent + pacer.depth - n) * step
         if self.state is SessionState.CONNECTING:
             self.state = SessionState.STREAMING
-            self.first_frame_s = time.monotonic() - self._open_t
+            self.first_frame_s = now - self._open_t
         if self._last_chunk_t is not None:
             self._periods.append(now - self._last_chunk_t)
             self.metrics.chunk_period.observe(now - self._last_chunk_t)
@@ -328,12 +347,11 @@ class ServerSession:
         for stage, tm in rec.stages.items():
             self.metrics.chunk_compute.labels(stage.value).observe(tm.busy_s)
         applied = rec.control.seq if rec.control is not None else None
-        ctf = None
+        arrivals = []
         while applied is not None and self._control_times and self._control_times[0][0] <= applied:
-            _, arrived = self._control_times.popleft()
-            if rec.frames_ready_t is not None:
-                ctf = rec.frames_ready_t - arrived
-                self.metrics.control_to_frame.observe(max(0.0, ctf))
+            arrivals.append(self._control_times.popleft()[1])
+        if arrivals:
+            self._awaiting_display[out.index] = arrivals  # measured when its first frame goes out
         self._send(
             {
                 "type": "chunk",
@@ -345,10 +363,27 @@ class ServerSession:
                 "applied_seq": applied,
                 "applied_keys": sorted(rec.control.keys) if rec.control is not None else [],
                 "timings": {f"{s.value}_s": tm.busy_s for s, tm in rec.stages.items()}
-                | {"queue_s": sum((tm.queue_wait_s or 0.0) for tm in rec.stages.values())},
-                "control_to_frame_s": ctf,
+                | {
+                    "queue_s": sum((tm.queue_wait_s or 0.0) for tm in rec.stages.values()),
+                    "start_to_pacer_s": start_to_pacer,
+                },
+                # [dispatch, done] per stage, seconds since the session opened: shows the overlap.
+                "stages": {
+                    s.value: [tm.dispatch_t - self._open_perf_t, tm.done_t - self._open_perf_t]
+                    for s, tm in rec.stages.items()
+                    if tm.dispatch_t is not None and tm.done_t is not None
+                },
             }
         )
+
+    def _on_emit(self, chunk_index: int, frame_index: int, emit_t: float) -> None:
+        """The pacer sends a chunk's first frame (loop thread): its controls have reached the screen."""
+        for older in [k for k in self._awaiting_display if k < chunk_index]:
+            del self._awaiting_display[older]  # its frames were dropped unseen
+        for arrived in self._awaiting_display.pop(chunk_index, ()):
+            latency = max(0.0, emit_t - arrived)
+            self._control_to_frame.append(latency)
+            self.metrics.control_to_frame.observe(latency)
 
     def _on_engine_end(self, error: str | None) -> None:
         if error is not None and self.state in ACTIVE:
@@ -375,22 +410,38 @@ class ServerSession:
 
     async def _send_stats(self) -> None:
         sent = dropped = repeated = 0
+        interval = self.settings.stats_interval_s
         while True:
-            await asyncio.sleep(self.settings.stats_interval_s)
+            await asyncio.sleep(interval)
             p = self.pacer
             self.metrics.frames_sent.inc(p.sent - sent)
             self.metrics.frames_dropped.inc(p.dropped - dropped)
             self.metrics.frames_repeated.inc(p.repeated - repeated)
+            repeats_per_s = (p.repeated - repeated) / interval
             sent, dropped, repeated = p.sent, p.dropped, p.repeated
             info = self.info()["metrics"]
+            with self._lock:
+                d = self.dispatch.stats(time.monotonic())
+            chunk_media_s = self.dispatch.config.chunk_media_s
             self._send(
                 {
                     "type": "stats",
                     "frames_sent": p.sent,
                     "frames_dropped": p.dropped,
                     "frames_repeated": p.repeated,
+                    "repeats_per_s": repeats_per_s,
                     "chunk_period_p50_s": info["chunk_period_p50_s"],
+                    "real_time_factor": info["real_time_factor"],
                     "fps": self.fps,
+                    "dispatch": d.policy,
+                    "buffered_ms": 1000 * d.buffered_s,
+                    "chunks_in_flight": d.chunks_in_flight,
+                    "predicted_latency_s": d.predicted_start_to_display_s,
+                    # A control waits for the next chunk start: half a chunk period on average.
+                    "predicted_control_to_frame_s": None
+                    if d.predicted_start_to_display_s is None
+                    else chunk_media_s / 2 + d.predicted_start_to_display_s,
+                    "control_to_frame_p50_s": info["control_to_frame_p50_s"],
                 }
             )
 
@@ -399,6 +450,13 @@ class ServerSession:
         await self.close(f"session reached its maximum duration of {after_s:g} s")
 
     # ---- helpers ----
+
+    def _real_time_factor(self, sorted_periods: list[float]) -> float | None:
+        """p95 chunk period / chunk media duration (< 1: generation is ahead of playback)."""
+        if not sorted_periods:
+            return None
+        p95 = sorted_periods[min(len(sorted_periods) - 1, int(0.95 * len(sorted_periods)))]
+        return p95 / self.dispatch.config.chunk_media_s
 
     def _spawn(self, coro: Any, name: str) -> None:
         task = self.loop.create_task(coro, name=f"session-{self.id}-{name}")
@@ -414,3 +472,7 @@ class ServerSession:
     def _send_error(self, code: str, message: str) -> None:
         self.metrics.errors.labels(code).inc()
         self._send({"type": "error", "code": code, "message": message})
+
+
+def _median(samples: deque[float]) -> float | None:
+    return sorted(samples)[len(samples) // 2] if samples else None

@@ -7,6 +7,7 @@ import ipaddress
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from server.dispatch import DispatchPolicy
 from workers.models.presets import DEFAULT_PRESET
 
 
@@ -15,12 +16,15 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
-    model: str = DEFAULT_PRESET
+    model: str = DEFAULT_PRESET  # a preset, or "synthetic" (workers/runtime/synthetic.py)
+    stage_ms: str | None = None  # synthetic model: "encode,dit,decode" hold times in ms
+    synthetic_geometry: str | None = None  # synthetic model: the preset whose tensor shapes flow
     placement: str = "cpu"
     checkpoint_dir: str | None = None
     weights_seed: int = 0
     max_sessions: int = Field(default=2, ge=1)
     fps: int = Field(default=16, ge=1, le=60)
+    dispatch: DispatchPolicy = DispatchPolicy.JIT  # when a viewer's next chunk starts (server/dispatch.py)
     api_token: str | None = None
     cors_origins: list[str] = Field(default_factory=list)
     # WebRTC: nothing reaches outside by default. Each entry is an RTCIceServer-like dict.

@@ -48,6 +48,9 @@
     hudLatency: $("hud-latency"),
     hudFirstFrame: $("hud-first-frame"),
     hudDrops: $("hud-drops"),
+    hudPredicted: $("hud-predicted"),
+    hudBuffered: $("hud-buffered"),
+    hudRepeats: $("hud-repeats"),
     hudRtt: $("hud-rtt"),
     hudKeys: $("hud-keys"),
     hudError: $("hud-error"),
@@ -958,6 +961,13 @@
       : `${Math.round(st.g2gP50Ms)} ms p50 · last ${Math.round(st.g2gLastMs)}`;
     el.hudFirstFrame.textContent = st.firstFrameS === null ? "–" : `${fmt(st.firstFrameS, 2)} s`;
     el.hudDrops.textContent = server ? `${server.frames_dropped ?? 0} / ${server.frames_repeated ?? 0}` : "–";
+    const predicted = server ? server.predicted_control_to_frame_s : null;
+    const serverMeasured = server ? server.control_to_frame_p50_s : null;
+    el.hudPredicted.textContent = typeof predicted === "number"
+      ? `${Math.round(1000 * predicted)} ms` + (typeof serverMeasured === "number" ? ` · server ${Math.round(1000 * serverMeasured)}` : "")
+      : "–";
+    el.hudBuffered.textContent = server && typeof server.buffered_ms === "number" ? `${Math.round(server.buffered_ms)} ms` : "–";
+    el.hudRepeats.textContent = server && typeof server.repeats_per_s === "number" ? fmt(server.repeats_per_s, 1) : "–";
     el.hudRtt.textContent = st.rttMs === null ? "–" : `${Math.round(st.rttMs)} ms`;
     el.hudKeys.textContent = live && s.heldCodes.size ? heldKeys(s).join(" ").toUpperCase() : "–";
   }

@@ -156,3 +156,15 @@ def test_default_trace_parses_and_replays() -> None:
         assert control.seq == seq, t
         assert control.look_dy_px == look_dy, t
         assert reset is False
+
+
+def test_random_walk_is_seeded_and_falls_at_random_phases() -> None:
+    a, b = Trace.random_walk(120.0, seed=3), Trace.random_walk(120.0, seed=3)
+    assert a == b and a != Trace.random_walk(120.0, seed=4)
+    times = [e.at_s for e in a.events]
+    gaps = [y - x for x, y in zip(times, times[1:], strict=False)]
+    assert all(0.6 <= g <= 1.8 for g in gaps) and times[-1] >= 119.0 - 1.8
+    phases = [t % 1.0 for t in times]  # against 1 s chunks: spread over the whole period
+    assert min(phases) < 0.1 and max(phases) > 0.9 and 0.35 < sum(phases) / len(phases) < 0.65
+    assert all(e.message["type"] == "control_state" for e in a.events)
+    TraceReplayer(a).control_at(60.0)  # every message is a valid control

@@ -9,8 +9,10 @@ import httpx
 import numpy as np
 import pytest
 
-from benchmarks.webrtc_replay import WebRTCClient, use_loopback_if_local
-from tests.support.processes import ServerProcess, children_of, pid_alive, running_server
+from benchmarks.delivery import glass_to_glass_s
+from benchmarks.local_server import ServerProcess, local_server
+from benchmarks.webrtc_client import WebRTCClient, use_loopback_if_local
+from tests.support.processes import children_of, pid_alive
 from tests.support.waiting import wait_until, wait_until_async
 from workers.runtime.channel import leaked_segments
 
@@ -21,7 +23,7 @@ WAIT_S = 60.0
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ServerProcess, list[int]]]:
     log = tmp_path_factory.mktemp("e2e") / "server.log"
-    with running_server(log, "--model", "tiny", "--placement", "cpu") as srv:
+    with local_server(["--model", "tiny", "--placement", "cpu"], log) as srv:
         yield srv.url, srv, children_of(srv.proc.pid)
 
 
@@ -30,10 +32,10 @@ async def test_stream_controls_and_clean_close(server) -> None:
     use_loopback_if_local(url)
     tasks_idle = httpx.get(f"{url}/v1/engine").json()["event_loop_tasks"]
     client = WebRTCClient(url)
-    client.run.keep_frames = 200
+    client.run.keep_images = 200
     await client.start("main-street", "a walk", seed=1)
     try:
-        await wait_until_async(lambda: len(client.run.frame_times) >= 20, WAIT_S, "20 frames of video")
+        await wait_until_async(lambda: len(client.run.frames) >= 20, WAIT_S, "20 frames of video")
         assert client.run.ready is not None and client.run.ready["model"] == "tiny"
         seq = client.send({"type": "control", "key": "ArrowUp", "action": "press"})
         client.send({"type": "control", "key": "l", "action": "press"})
@@ -52,10 +54,14 @@ async def test_stream_controls_and_clean_close(server) -> None:
         await wait_until_async(
             lambda: expected_codes <= {e["code"] for e in client.run.errors}, WAIT_S, f"error codes {expected_codes}"
         )
-        frames_before = len(client.run.frame_times)
-        await wait_until_async(lambda: len(client.run.frame_times) > frames_before, WAIT_S, "video after the flood")
-        await wait_until_async(client.run.glass_to_glass_s, WAIT_S, "a control on the screen")
-        kept = client.run.frames
+        frames_before = len(client.run.frames)
+        await wait_until_async(lambda: len(client.run.frames) > frames_before, WAIT_S, "video after the flood")
+        await wait_until_async(
+            lambda: glass_to_glass_s(client.run.frames, client.run.chunks, client.run.sent, stamped=False),
+            WAIT_S,
+            "a control on the screen",
+        )
+        kept = client.run.images
         assert len(kept) >= 20 and not np.array_equal(kept[0], kept[-1]), "the video does not change"
     finally:
         final = await client.close()

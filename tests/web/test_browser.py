@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import ServerProcess, running_server, tail
+from benchmarks.local_server import ServerProcess, local_server, log_tail
 
 CHROMIUM = Path("/usr/bin/chromium")
 FIRST_VIDEO_TIMEOUT_MS = 45_000
@@ -51,7 +51,7 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="the `playwright` P
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    with running_server(tmp_path / "server.log", "--model", "tiny", "--placement", "cpu") as srv:
+    with local_server(["--model", "tiny", "--placement", "cpu"], tmp_path / "server.log") as srv:
         yield srv
 
 
@@ -110,7 +110,7 @@ def test_browser_session_end_to_end(server: ServerProcess, tmp_path: Path) -> No
                 timeout=FIRST_VIDEO_TIMEOUT_MS,
             )
             hook = _hook(page)
-            assert hook["state"] == "streaming", f"no video: {hook['error']}\nserver log:\n{tail(log)}"
+            assert hook["state"] == "streaming", f"no video: {hook['error']}\nserver log:\n{log_tail(log)}"
             assert hook["stats"]["firstFrameS"] is not None and hook["stats"]["firstFrameS"] > 0
             assert page.locator("#video").evaluate("v => v.videoWidth > 0 && !v.paused")
 
@@ -148,6 +148,6 @@ def test_browser_session_end_to_end(server: ServerProcess, tmp_path: Path) -> No
     try:
         code = proc.wait(timeout=SERVER_EXIT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"server still running {SERVER_EXIT_TIMEOUT_S:.0f} s after SIGINT:\n{tail(log)}")
+        pytest.fail(f"server still running {SERVER_EXIT_TIMEOUT_S:.0f} s after SIGINT:\n{log_tail(log)}")
     assert code is not None
     print(f"browser test body took {time.monotonic() - t0:.1f} s; server exit code {code}")

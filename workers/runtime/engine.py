@@ -62,6 +62,7 @@ from workers.runtime.messages import (
     WorkerReady,
 )
 from workers.runtime.placement import Placement
+from workers.runtime.synthetic import SyntheticModel
 from workers.runtime.worker import FaultSpec, WorkerSpec, worker_main
 
 STAGES = (Stage.ENCODE, Stage.DIT, Stage.DECODE)
@@ -82,9 +83,17 @@ class SessionState(Enum):
     FAILED = "failed"
 
 
-# chunk index -> (control, reset pose), or None to hold the chunk back for now (flow control by the
-# consumer: the scheduler asks again on its next pass).
-ControlSource = Callable[[int], tuple[ChunkControl, bool] | None]
+@dataclass(frozen=True)
+class Hold:
+    """A control source's "not yet": the scheduler asks again in `retry_in_s` (and wakes for it)."""
+
+    retry_in_s: float
+
+
+# chunk index -> (control, reset pose) to start the chunk now; Hold to start it later; None to hold
+# it back until something changes (the scheduler asks again on its next pass, within LOOP_TICK_S).
+# This is the consumer's flow control: it decides when the DiT may start its next chunk.
+ControlSource = Callable[[int], tuple[ChunkControl, bool] | Hold | None]
 
 
 @dataclass
@@ -228,7 +237,7 @@ class PipelineEngine:
         weights_seed: int = 0,
         prefetch_chunks: int = 2,
         edge_capacity: int = 2,
-        fixed_stage_s: dict[Stage, float] | None = None,
+        synthetic: SyntheticModel | None = None,
         faults: dict[Stage, FaultSpec] | None = None,
         start_timeout_s: float = 300.0,
     ) -> None:
@@ -245,7 +254,7 @@ class PipelineEngine:
         self.weights_seed = weights_seed
         self.prefetch_chunks = 1 if schedule == "serial" else prefetch_chunks
         self.edge_capacity = edge_capacity
-        self.fixed_stage_s = fixed_stage_s or {}
+        self.synthetic = synthetic
         self.faults = faults or {}
         self.start_timeout_s = start_timeout_s
         self.stages = {s: StageWorkers(s, tuple(getattr(placement, s.value))) for s in STAGES}
@@ -258,6 +267,7 @@ class PipelineEngine:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._stats_waiters: list[tuple[threading.Event, dict[str, Any]]] = []
+        self._retry_at = float("inf")  # earliest Hold deadline of this pass (perf_counter seconds)
         self.started_t: float | None = None
 
     # ------------------------------------------------------------------ public, thread-safe
@@ -329,10 +339,18 @@ class PipelineEngine:
         return box
 
     def stage_report(self) -> dict[str, Any]:
-        """Busy and idle seconds per stage (scheduler-side view), for benchmarks."""
+        """Busy and idle seconds per stage (scheduler-side view), for benchmarks.
+
+        Idle time counts while sessions are open, up to now (an idle stage's open interval included),
+        so two readings a while apart give the idle fraction between them.
+        """
         out = {}
+        now = time.perf_counter()
         for stage, w in self.stages.items():
             idle = sum(b - a for a, b in w.idle_intervals)
+            idle_since = w.idle_since
+            if idle_since is not None and self.sessions:
+                idle += now - idle_since
             out[stage.value] = {"busy_s": w.busy_s, "idle_s": idle, "idle_intervals": list(w.idle_intervals)}
         return out
 
@@ -391,7 +409,7 @@ class PipelineEngine:
                 parent_pid=os.getpid(),
                 cpu_threads=self.placement.cpu_threads_per_worker,
                 output_shards=len(self.placement.decode) if stage is Stage.DIT else 1,
-                fixed_stage_s=self.fixed_stage_s.get(stage),
+                synthetic=self.synthetic,
                 fault=self.faults.get(stage),
             )
             proc = ctx.Process(target=worker_main, args=(spec, child), name=f"worldrtc-{spec.name}", daemon=True)
@@ -490,7 +508,8 @@ class PipelineEngine:
                 conn_owner[conn] = (stage, rank)
             for proc in w.procs:
                 sentinels[proc.sentinel] = stage
-        ready = wait([self._wake_r, *conn_owner, *sentinels], timeout=LOOP_TICK_S)
+        timeout = min(LOOP_TICK_S, max(0.0, self._retry_at - time.perf_counter()))
+        ready = wait([self._wake_r, *conn_owner, *sentinels], timeout=timeout)
         for obj in ready:
             if obj is self._wake_r:
                 while self._wake_r.poll():
@@ -515,6 +534,7 @@ class PipelineEngine:
             except queue.Empty:
                 break
             fn()
+        self._retry_at = float("inf")
         self._dispatch()
 
     # ---- session lifecycle ----
@@ -821,6 +841,9 @@ class PipelineEngine:
             # also hold the chunk back (None) when its viewer is far enough ahead.
             sampled = s.control_source(s.next_dit)
             if sampled is None:
+                return None
+            if isinstance(sampled, Hold):
+                self._retry_at = min(self._retry_at, time.perf_counter() + sampled.retry_in_s)
                 return None
             control, reset = sampled
             k, cond = s.encoded.popleft()

@@ -165,10 +165,10 @@ class _Timer:
 
 
 def build_server(spec: WorkerSpec, group: StageGroup) -> StageServer:
-    if spec.fixed_stage_s is not None:
-        from workers.runtime.fixed_time import FixedTimeServer
+    if spec.synthetic is not None:
+        from workers.runtime.synthetic_server import SyntheticStageServer
 
-        return FixedTimeServer(spec, group)
+        return SyntheticStageServer(spec, group)
     if spec.stage is Stage.ENCODE:
         from workers.runtime.encode_server import EncodeServer
 

@@ -17,6 +17,7 @@ import torch
 
 from workers.runtime.messages import Shutdown, Stage, StageFailed, WorkerReady
 from workers.runtime.parent_death import die_with_parent
+from workers.runtime.synthetic import SyntheticModel
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class WorkerSpec:
     cpu_threads: int = 1
     output_shards: int = 1  # consumer ranks of this stage's output (decode ranks for the DiT's latents)
     frame_ring_slots: int = 4  # decode: chunks of uint8 frames the server may hold at once
-    fixed_stage_s: float | None = None  # benchmark: hold the device this long instead of computing
+    synthetic: SyntheticModel | None = None  # hold for fixed times instead of computing
     fault: FaultSpec | None = None
 
     @property

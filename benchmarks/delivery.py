@@ -1,0 +1,171 @@
+"""What a viewer got: unique generated frames, repeats, stalls, order and glass-to-glass latency.
+
+A frame the server's pacer repeats is not a delivered frame, so frames are told apart by identity,
+not counted:
+
+- by stamp (the synthetic model, `workers/frame_stamp.py`): each frame's global index is read from the
+  picture itself, so uniqueness, repeats and order are exact;
+- by pts (real models): the server's `chunk` messages map each chunk's frames to a pts range
+  (`pts_start`..`pts_end`, one 90 kHz step per frame; repeats take pts too), so a received frame whose
+  pts lies in no chunk's range is a repeat. Exact unless the pacer dropped frames (its counters say
+  so); on the synthetic model both identities are computed and must agree;
+- by content, a cross-check only: a frame whose luma (every 4th pixel) differs from the previous one
+  by less than `REPEAT_MAX_MEAN_DIFF` on average looks repeated. Generated frames of a still scene can
+  look alike too, so this count is an upper bound.
+
+Pure: it takes what the client recorded and returns figures.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from benchmarks.stats import summarize
+
+REPEAT_MAX_MEAN_DIFF = 1.0  # mean |Δluma| (0–255) under which a frame looks like the previous one again
+STALL_FRAMES = 2  # a gap between new frames longer than this many frame intervals is a stall
+VIDEO_CLOCK_HZ = 90_000
+
+
+@dataclass(frozen=True)
+class ReceivedFrame:
+    t: float  # receive time, client clock (s)
+    pts: int  # 90 kHz
+    stamp: int | None  # the stamped frame index (synthetic model; None: none readable)
+    content_id: int  # content changes seen so far (see ContentIds)
+
+
+class ContentIds:
+    """Frame ids by content: a new id whenever the luma differs from the previous frame's."""
+
+    def __init__(self) -> None:
+        self._previous: np.ndarray | None = None
+        self._id = -1
+
+    def __call__(self, luma: np.ndarray) -> int:
+        small = luma[::4, ::4].astype(np.int16)
+        if self._previous is None or np.abs(small - self._previous).mean() >= REPEAT_MAX_MEAN_DIFF:
+            self._id += 1
+        self._previous = small
+        return self._id
+
+
+def ids_by_pts(frames: list[ReceivedFrame], chunks: list[dict[str, Any]], fps: int) -> list[int | None]:
+    """Each frame's index in the session's video from the chunks' pts ranges; None for a repeat."""
+    step = VIDEO_CLOCK_HZ // fps
+    ranges = sorted((c["pts_start"], c["pts_end"], c["first_frame"]) for c in chunks)
+    starts = [r[0] for r in ranges]
+    out: list[int | None] = []
+    for f in frames:
+        i = bisect.bisect_right(starts, f.pts) - 1
+        inside = i >= 0 and f.pts <= ranges[i][1] and (f.pts - ranges[i][0]) % step == 0
+        out.append(ranges[i][2] + (f.pts - ranges[i][0]) // step if inside else None)
+    return out
+
+
+@dataclass(frozen=True)
+class _Walk:
+    unique_t: list[float]
+    repeats: int
+    repeats_after_first_chunk: int
+    out_of_order: int
+
+
+def _walk(ids: list[int], times: list[float], first_chunk_frames: int) -> _Walk:
+    """Frame ids in arrival order: new, a repeat (the previous id again) or out of order (older)."""
+    unique_t: list[float] = []
+    repeats = after_first = out_of_order = 0
+    last_id: int | None = None
+    max_id = -1
+    for frame_id, t in zip(ids, times, strict=True):
+        if frame_id == last_id:
+            repeats += 1
+            after_first += max_id >= first_chunk_frames - 1
+        elif frame_id < max_id:
+            out_of_order += 1
+        else:
+            unique_t.append(t)
+            max_id = frame_id
+        last_id = frame_id
+    return _Walk(unique_t, repeats, after_first, out_of_order)
+
+
+def _carry_forward(ids: list[int | None]) -> list[int]:
+    """A repeat (None) carries the previous frame's id."""
+    out: list[int] = []
+    for frame_id in ids:
+        out.append(frame_id if frame_id is not None else (out[-1] if out else -1))
+    return out
+
+
+def analyze(
+    frames: list[ReceivedFrame],
+    chunks: list[dict[str, Any]],
+    sent: dict[int, float],
+    fps: int,
+    first_chunk_frames: int,
+    stamped: bool,
+) -> dict[str, Any]:
+    """Delivery figures for one viewer. `chunks`: the server's `chunk` messages; `sent`: control seq → send time."""
+    times = [f.t for f in frames]
+    pts_ids = _carry_forward(ids_by_pts(frames, chunks, fps))
+    # An unreadable stamp (-1) counts as out of order: the check fails loudly rather than quietly.
+    ids = [-1 if f.stamp is None else f.stamp for f in frames] if stamped else pts_ids
+    walk = _walk(ids, times, first_chunk_frames)
+    by_content = _walk([f.content_id for f in frames], times, first_chunk_frames)
+    unique_t = walk.unique_t
+    gaps = [b - a for a, b in itertools.pairwise(unique_t)]
+    stalls = [g for g in gaps if g > STALL_FRAMES / fps]
+    span = unique_t[-1] - unique_t[0] if len(unique_t) > 1 else 0.0
+    unique_fps = (len(unique_t) - 1) / span if span > 0 else None
+    jitter = np.abs(np.asarray([b - a for a, b in itertools.pairwise(times)]) - 1 / fps)
+    g2g = glass_to_glass_s(frames, chunks, sent, stamped)
+    return {
+        "identity": "frame stamps" if stamped else "pts ranges of the chunk messages",
+        "frames_received": len(frames),
+        "unique_frames": len(unique_t),
+        "client_unique_fps": unique_fps,
+        "client_unique_fps_over_target": None if unique_fps is None else unique_fps / fps,
+        "repeated_frames": walk.repeats,
+        "repeated_frames_after_first_chunk": walk.repeats_after_first_chunk,
+        "repeated_fraction_after_first_chunk": walk.repeats_after_first_chunk
+        / max(1, len(frames) - first_chunk_frames),
+        "out_of_order_frames": walk.out_of_order,
+        "stalls": len(stalls),
+        "stalled_s": sum(stalls),
+        "frame_interval_jitter_p99_s": float(np.percentile(jitter, 99)) if jitter.size else None,
+        "glass_to_glass_s": summarize(g2g) | {"p95": float(np.percentile(g2g, 95)) if g2g else None},
+        "repeated_frames_by_content": by_content.repeats,
+        "pts_identity_agrees_with_stamps": sum(a == b for a, b in zip(ids, pts_ids, strict=True)) / max(1, len(ids))
+        if stamped
+        else None,
+    }
+
+
+def glass_to_glass_s(
+    frames: list[ReceivedFrame], chunks: list[dict[str, Any]], sent: dict[int, float], stamped: bool
+) -> list[float]:
+    """Per control: send → first received frame of the first chunk that applied it (seq echoed).
+
+    The frame is found by its stamp on the synthetic model, by its pts on real ones."""
+    out = []
+    ordered = sorted((c for c in chunks if c.get("applied_seq") is not None), key=lambda c: c["index"])
+    for seq, sent_t in sent.items():
+        chunk = next((c for c in ordered if c["applied_seq"] >= seq), None)
+        if chunk is None:
+            continue
+        if stamped:
+            shown = next(
+                (f.t for f in frames if f.stamp is not None and f.stamp >= chunk["first_frame"] and f.t >= sent_t),
+                None,
+            )
+        else:
+            shown = next((f.t for f in frames if f.pts >= chunk["pts_start"] and f.t >= sent_t), None)
+        if shown is not None:
+            out.append(shown - sent_t)
+    return out

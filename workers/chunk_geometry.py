@@ -1,0 +1,23 @@
+"""Chunk geometry of the Wan causal VAE, in video frames (no torch here: the server, the runtime and
+clients share it).
+
+The VAE's time stride is 4 and its first latent frame stands for a single video frame, so a chunk of
+C latent frames decodes to 4C video frames, except the session's first chunk, which decodes to 4C − 3.
+"""
+
+from __future__ import annotations
+
+VAE_TIME_STRIDE = 4
+
+
+def chunk_num_frames(chunk_index: int, chunk_latent_frames: int) -> int:
+    """Video frames in chunk `chunk_index` (4C − 3 for the first, 4C after)."""
+    full = VAE_TIME_STRIDE * chunk_latent_frames
+    return full - (VAE_TIME_STRIDE - 1) if chunk_index == 0 else full
+
+
+def chunk_first_frame(chunk_index: int, chunk_latent_frames: int) -> int:
+    """Index, in the session's video, of chunk `chunk_index`'s first frame."""
+    if chunk_index == 0:
+        return 0
+    return chunk_num_frames(0, chunk_latent_frames) + (chunk_index - 1) * chunk_num_frames(1, chunk_latent_frames)

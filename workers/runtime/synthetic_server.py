@@ -1,0 +1,83 @@
+"""Stage handlers of the synthetic timing model (`workers/runtime/synthetic.py`): hold, don't compute.
+
+Each command holds the worker for the stage's stated time, measured from when the command arrived,
+and moves real tensors of the geometry preset's shapes through the real channels. The decode stage
+fills its frames with their global frame numbers (`workers/frame_stamp.py`) inside that time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import torch
+
+from workers.chunk_geometry import chunk_first_frame, chunk_num_frames
+from workers.frame_stamp import stamp_frames
+from workers.models.presets import get_preset
+from workers.parallel.group import StageGroup
+from workers.runtime.messages import (
+    Command,
+    DecodeChunk,
+    DenoiseChunk,
+    EncodeChunk,
+    OpenSession,
+    Reply,
+    SessionOpened,
+    Stage,
+)
+from workers.runtime.servers import StageServer
+from workers.runtime.worker import WorkerSpec
+
+
+class SyntheticStageServer(StageServer):
+    def __init__(self, spec: WorkerSpec, group: StageGroup) -> None:
+        super().__init__(spec, group)
+        assert spec.synthetic is not None
+        self.hold_s = {
+            Stage.ENCODE: spec.synthetic.encode_s,
+            Stage.DIT: spec.synthetic.dit_s,
+            Stage.DECODE: spec.synthetic.decode_s,
+        }[spec.stage]
+        self.preset = get_preset(spec.synthetic.geometry)
+
+    def _hold_from(self, t0: float) -> float:
+        """Sleep out the rest of the stage time since `t0`; returns the busy seconds."""
+        rest = self.hold_s - (time.perf_counter() - t0)
+        if rest > 0:
+            time.sleep(rest)
+        return time.perf_counter() - t0
+
+    def handle_stage(self, msg: Command) -> Iterator[Reply]:
+        stage, rank, p = self.spec.stage, self.spec.rank, self.preset
+        if isinstance(msg, OpenSession):
+            acks = ()
+            text = None
+            if stage is Stage.ENCODE:
+                text = self.publish(torch.zeros(8, p.t5.dim))
+            elif msg.text is not None:
+                self.take(msg.text)
+                acks = self.done_with(msg.text)
+            self.sessions[msg.session_id] = msg.chunk_latent_frames
+            yield SessionOpened(stage, rank, msg.session_id, msg.epoch, text=text, acks=acks)
+            return
+        t0 = time.perf_counter()
+        chunk = self.sessions[msg.session_id]
+        self.check_fault(msg.chunk_index)
+        if isinstance(msg, EncodeChunk):
+            cond = torch.zeros(1, 20, chunk, p.latent_height, p.latent_width)
+            yield self.chunk_done(msg, self._hold_from(t0), self.publish(cond))
+        elif isinstance(msg, DenoiseChunk):
+            self.take(msg.cond)
+            latents = torch.zeros(1, 16, chunk, p.latent_height, p.latent_width)
+            out = self.publish(latents, shard_dim=3, num_shards=self.spec.output_shards)
+            yield self.chunk_done(msg, self._hold_from(t0), out, (msg.cond,))
+        elif isinstance(msg, DecodeChunk):
+            self.take(msg.latents, shard_rank=rank)
+            num_frames = chunk_num_frames(msg.chunk_index, chunk)
+            frames = torch.empty(num_frames, p.height_px, p.width_px, 3, dtype=torch.uint8)
+            stamp_frames(frames.numpy(), chunk_first_frame(msg.chunk_index, chunk))
+            out = self.publish(frames)
+            yield self.chunk_done(msg, self._hold_from(t0), out, (msg.latents,))
+        else:
+            raise TypeError(f"synthetic stage cannot handle {type(msg).__name__}")
