@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -162,7 +163,7 @@ def test_random_walk_is_seeded_and_falls_at_random_phases() -> None:
     a, b = Trace.random_walk(120.0, seed=3), Trace.random_walk(120.0, seed=3)
     assert a == b and a != Trace.random_walk(120.0, seed=4)
     times = [e.at_s for e in a.events]
-    gaps = [y - x for x, y in zip(times, times[1:], strict=False)]
+    gaps = [y - x for x, y in itertools.pairwise(times)]
     assert all(0.6 <= g <= 1.8 for g in gaps) and times[-1] >= 119.0 - 1.8
     phases = [t % 1.0 for t in times]  # against 1 s chunks: spread over the whole period
     assert min(phases) < 0.1 and max(phases) > 0.9 and 0.35 < sum(phases) / len(phases) < 0.65
