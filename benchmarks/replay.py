@@ -87,10 +87,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.threads is not None and args.threads < 1:
         p.error("--threads must be at least 1")
     try:
-        args.preset, args.synthetic = resolve_model(args.model, args.stage_ms, args.synthetic_geometry)
+        args._preset, args._synthetic = resolve_model(args.model, args.stage_ms, args.synthetic_geometry)
     except ValueError as exc:
         p.error(str(exc))
-    if args.synthetic is not None and args.in_process:
+    if args._synthetic is not None and args.in_process:
         p.error("the synthetic model runs on the worker processes; drop --in-process")
     return args
 
@@ -183,7 +183,7 @@ def _run_pipeline(args: argparse.Namespace, trace: Trace, rec: Recorder, preset:
         max_sessions=1,
         checkpoint_dir=args.checkpoint,
         weights_seed=args.weights_seed,
-        synthetic=args.synthetic,
+        synthetic=args._synthetic,
     )
     t0 = time.perf_counter()
     engine.start()
@@ -284,7 +284,7 @@ def _dit_idle_fraction(stage_report: dict[str, Any] | None, chunks: list[dict[st
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     trace = Trace.load(args.trace)
-    preset = args.preset
+    preset = args._preset  # resolved (and validated) by parse_args
     weights = preset.weights_note if args.checkpoint is None else f"checkpoint {args.checkpoint}"
     if not args.quiet:
         print(
@@ -338,7 +338,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "intra_op_threads": placement_for(args).cpu_threads_per_worker,  # the hash holds for this count
         "chunks": chunks,
         "environment": environment(torch.device(args.device if args.in_process else "cpu")),
-        "request": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "request": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if not k.startswith("_")},
     }
     return report
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from benchmarks.replay import DEFAULT_TRACE, main
+from workers.frame_stamp import read_stamp
 
 
 def _replay(tmp_path: Path, name: str, *extra: str, chunks: int = 2, seed: int = 0) -> dict:
@@ -125,3 +126,15 @@ def test_engines_agree_at_another_equal_thread_count(tmp_path) -> None:
     in_process = _replay(tmp_path, "inproc2", "--in-process", "--threads", "2", chunks=1)
     assert pipelined["intra_op_threads"] == in_process["intra_op_threads"] == 2
     assert pipelined["frames_sha256"] == in_process["frames_sha256"]
+
+
+@pytest.mark.processes
+def test_synthetic_model_replays_stamped_frames(tmp_path) -> None:
+    video = tmp_path / "synthetic.mp4"
+    args = ("--stage-ms", "10,20,10", "--synthetic-geometry", "tiny", "--video", str(video))
+    report = _replay(tmp_path, "synthetic", "--model", "synthetic", *args, chunks=3)
+    assert report["model"]["preset"] == "synthetic" and report["num_frames"] == 13 + 16 + 16
+    assert report["stage_seconds"]["dit"]["busy_s"] >= 3 * 0.020  # each stage holds for its time
+    with av.open(str(video)) as container:
+        stamps = [read_stamp(f.to_ndarray(format="rgb24")) for f in container.decode(video=0)]
+    assert stamps == list(range(45))

@@ -134,6 +134,9 @@ def test_browser_session_end_to_end(server: ServerProcess, tmp_path: Path) -> No
             assert _number(page.locator("#hud-fps").inner_text()) > 0
             assert _number(page.locator("#hud-latency").inner_text()) > 0
             assert page.locator("#hud-state").inner_text() == "streaming"
+            assert page.locator("#hud-buffered").inner_text().endswith(" ms")  # from the server's stats
+            assert _number(page.locator("#hud-predicted").inner_text()) > 0
+            assert _number(page.locator("#hud-repeats").inner_text()) >= 0
             page.screenshot(path=str(tmp_path / "worldrtc.png"))
             print("worldrtc browser stats:", json.dumps({k: v for k, v in stats.items() if k != "lastChunk"}))
 
