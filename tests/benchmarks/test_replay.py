@@ -70,15 +70,16 @@ def test_frames_hash_is_deterministic_and_input_sensitive(tmp_path) -> None:
     turn_right.write_text(
         json.dumps({"events": [{"delay_s": 0.0, "message": {"type": "control", "key": "l", "action": "press"}}]})
     )
-    engine = ("--in-process", "--threads", str(torch.get_num_threads()))
-    a = _replay(tmp_path, "a", *engine, chunks=1)
-    b = _replay(tmp_path, "b", *engine, chunks=1)
-    other_trace = _replay(tmp_path, "trace", *engine, "--trace", str(turn_right), chunks=1)
-    other_seed = _replay(tmp_path, "seed", *engine, seed=1, chunks=1)
+    # Short chunks (1 latent frame: 1 video frame, then 4) keep it quick.
+    engine = ("--in-process", "--threads", str(torch.get_num_threads()), "--chunk-frames", "1")
+    a = _replay(tmp_path, "a", *engine)
+    b = _replay(tmp_path, "b", *engine)
+    other_trace = _replay(tmp_path, "trace", *engine, "--trace", str(turn_right))
+    other_seed = _replay(tmp_path, "seed", *engine, seed=1)
 
-    assert [c["keys"] for c in a["chunks"]] == [["w"]]
-    # The other trace turns from t = 0, so it already steers chunk 0.
-    assert [c["keys"] for c in other_trace["chunks"]] == [["l"]]
+    assert [c["num_frames"] for c in a["chunks"]] == [1, 4]
+    assert [c["keys"] for c in a["chunks"]] == [["w"], ["w"]]
+    assert [c["keys"] for c in other_trace["chunks"]] == [["l"], ["l"]]
 
     assert a["frames_sha256"] == b["frames_sha256"]
     assert other_trace["frames_sha256"] != a["frames_sha256"]
