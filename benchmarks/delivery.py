@@ -5,9 +5,9 @@ not counted:
 
 - by stamp (the synthetic model, `workers/frame_stamp.py`): each frame's global index is read from the
   picture itself, so uniqueness, repeats and order are exact;
-- by pts (real models): the server's `chunk` messages map each chunk's frames to a pts range
-  (`pts_start`..`pts_end`, one 90 kHz step per frame; repeats take pts too), so a received frame whose
-  pts lies in no chunk's range is a repeat. Exact unless the pacer dropped frames (its counters say
+- by pts (real models): the server's `chunk` messages map each part of each chunk to a pts range
+  (one 90 kHz step per frame; repeats take pts too), so a received frame whose pts lies in no range
+  is a repeat. Exact unless the pacer dropped frames (its counters say
   so); on the synthetic model both identities are computed and must agree;
 - by content, a cross-check only: a frame whose luma (every 4th pixel) differs from the previous one
   by less than `REPEAT_MAX_MEAN_DIFF` on average looks repeated. Generated frames of a still scene can
@@ -55,10 +55,19 @@ class ContentIds:
         return self._id
 
 
+def _pts_ranges(chunks: list[dict[str, Any]], step: int) -> list[tuple[int, int, int]]:
+    """(pts_start, pts_end, first_frame) per run of consecutive pts: each part of each chunk."""
+    ranges = []
+    for c in chunks:
+        for first_frame, pts_start, n in c.get("parts") or [[c["first_frame"], c["pts_start"], c["num_frames"]]]:
+            ranges.append((pts_start, pts_start + (n - 1) * step, first_frame))
+    return sorted(ranges)
+
+
 def ids_by_pts(frames: list[ReceivedFrame], chunks: list[dict[str, Any]], fps: int) -> list[int | None]:
     """Each frame's index in the session's video from the chunks' pts ranges; None for a repeat."""
     step = VIDEO_CLOCK_HZ // fps
-    ranges = sorted((c["pts_start"], c["pts_end"], c["first_frame"]) for c in chunks)
+    ranges = _pts_ranges(chunks, step)
     starts = [r[0] for r in ranges]
     out: list[int | None] = []
     for f in frames:

@@ -61,7 +61,7 @@ def run_schedule(args: argparse.Namespace, schedule: str) -> dict[str, Any]:
             "",
             0,
             lambda k: (ChunkControl(seq=k), False),
-            lambda out: events.put(("chunk", time.perf_counter())),
+            lambda out: events.put(("chunk", time.perf_counter())) if out.last else None,
             lambda sid, err: events.put(("end", err)),
             max_chunks=args.chunks,
         )

@@ -173,7 +173,7 @@ def _run_in_process(args: argparse.Namespace, trace: Trace, rec: Recorder, prese
 
 
 def _run_pipeline(args: argparse.Namespace, trace: Trace, rec: Recorder, preset: ModelPreset) -> dict[str, Any]:
-    from workers.runtime.engine import ChunkOutput, PipelineEngine
+    from workers.runtime.engine import ChunkAssembler, ChunkOutput, PipelineEngine
 
     placement = placement_for(args)
     engine = PipelineEngine(
@@ -210,12 +210,16 @@ def _run_pipeline(args: argparse.Namespace, trace: Trace, rec: Recorder, preset:
             chunk,
             max_chunks=args.chunks,
         )
+        assembler = ChunkAssembler()
         while True:
-            item = outputs.get(timeout=600)
-            if isinstance(item, tuple):
-                if item[1] is not None:
-                    raise RuntimeError(f"session failed: {item[1]}")
+            got = outputs.get(timeout=600)
+            if isinstance(got, tuple):
+                if got[1] is not None:
+                    raise RuntimeError(f"session failed: {got[1]}")
                 break
+            item = assembler.add(got)  # frames arrive in parts; the report is per chunk
+            if item is None:
+                continue
             r = item.record
             s = {stage.value: timing for stage, timing in r.stages.items()}
             assert r.frames_ready_t is not None and r.control is not None

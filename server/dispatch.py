@@ -117,6 +117,7 @@ class DispatchController:
         self._unmeasured: set[int] = set()
         self._planned_t: dict[int, float] = {}  # the start time a held chunk was last told to wait for
         self._latency: deque[float] = deque(maxlen=config.history_chunks)
+        self._latency_by_chunk: dict[int, float] = {}
         self._lateness: deque[float] = deque(maxlen=config.history_chunks)
         self._playout_end_t: float | None = None  # None until the first push
 
@@ -148,15 +149,17 @@ class DispatchController:
         """Chunk `chunk_index`'s frames reached the pacer at `now`; the pacer will have played all it
         holds at `playout_end_t`."""
         started = self._started_t.pop(chunk_index, None)
-        if started is not None and not (chunk_index in self._unmeasured and self._latency):
-            self._latency.append(now - started)
+        if started is not None:
+            self._latency_by_chunk[chunk_index] = now - started
+            self._latency_by_chunk.pop(chunk_index - self.config.history_chunks, None)
+            if not (chunk_index in self._unmeasured and self._latency):
+                self._latency.append(now - started)
         self._unmeasured.discard(chunk_index)
         self._playout_end_t = playout_end_t
 
-    @property
-    def last_latency_s(self) -> float | None:
-        """The most recent chunk's measured start → pacer time."""
-        return self._latency[-1] if self._latency else None
+    def latency_of(self, chunk_index: int) -> float | None:
+        """Chunk `chunk_index`'s measured start → pacer time (kept for the last few chunks)."""
+        return self._latency_by_chunk.get(chunk_index)
 
     def buffered_s(self, now: float) -> float:
         return 0.0 if self._playout_end_t is None else max(0.0, self._playout_end_t - now)

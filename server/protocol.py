@@ -17,7 +17,8 @@ server → client
              timings: {encode_s, dit_s, decode_s, queue_s, start_to_pacer_s}}
     stats   {frames_sent, frames_dropped, frames_repeated, repeats_per_s, chunk_period_p50_s,
              real_time_factor, fps, dispatch, buffered_ms, chunks_in_flight, predicted_latency_s,
-             predicted_control_to_frame_s, control_to_frame_p50_s}
+             predicted_control_to_frame_s, control_to_frame_p50_s, start_to_pacer_quantile_s,
+             start_to_pacer_p50_s, dispatch_lateness_s}
     error   {code, message}
     pong    {seq, t, server_t}
     done    {reason}

@@ -113,6 +113,7 @@ class ServerSession:
         self._lock = threading.Lock()
         self._control_times: deque[tuple[int, float]] = deque(maxlen=PENDING_CONTROLS)  # (seq, arrival)
         self._awaiting_display: dict[int, list[float]] = {}  # chunk -> arrivals of controls it applied first
+        self._chunk_parts: dict[int, list[list[int]]] = {}  # chunk -> [first_frame, pts_start, n] per part
         self._control_to_frame: deque[float] = deque(maxlen=LATENCY_SAMPLES)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._last_message_t = time.monotonic()
@@ -318,24 +319,35 @@ class ServerSession:
     # ---- engine events (on the loop) ----
 
     def _on_chunk(self, out: ChunkOutput) -> None:
+        """Part of a chunk's frames (loop thread): into the pacer at once; the first part tells the
+        dispatch controller the chunk has arrived, the last one completes the `chunk` message."""
         if self.state not in (SessionState.CONNECTING, SessionState.STREAMING):
             return
-        rec = out.record
         n = int(out.frames.shape[0])
         first_frame = self._frames_pushed
-        self.pacer.push(out.frames, out.index, first_frame)
+        pacer = self.pacer
+        pacer.push(out.frames, out.index, first_frame)
         self._frames_pushed += n
+        # The pts this part's first frame will carry: every tick so far (repeats included) plus the
+        # frames queued ahead of it. Exact unless the pacer later drops frames before it.
+        pts_start = (pacer.sent + pacer.depth - n) * pacer.pts_step
+        parts = self._chunk_parts.setdefault(out.index, [])
+        parts.append([first_frame, pts_start, n])
+        if out.offset == 0:
+            self._on_chunk_arrived(out, n)
+        if out.last:
+            self._on_chunk_done(out, self._chunk_parts.pop(out.index))
+
+    def _on_chunk_arrived(self, out: ChunkOutput, n: int) -> None:
         now = time.monotonic()
         pacer = self.pacer
         next_due = pacer.next_due_s if pacer.started else now
         assert next_due is not None
+        # The rest of the chunk is on its way, decoded faster than it plays.
+        rest = chunk_num_frames(out.index, self.chunk_latent_frames) - n
         with self._lock:
-            self.dispatch.arrived(out.index, now, playout_end_t=max(next_due, now) + pacer.depth / self.fps)
-            start_to_pacer = self.dispatch.last_latency_s
-        # The pts this chunk's first frame will carry: every tick so far (repeats included) plus the
-        # frames queued ahead of it. Exact unless the pacer later drops or repeats before it.
-        step = pacer.pts_step
-        pts_start = (pacer.sent + pacer.depth - n) * step
+            playout_end = max(next_due, now) + (pacer.depth + rest) / self.fps
+            self.dispatch.arrived(out.index, now, playout_end_t=playout_end)
         if self.state is SessionState.CONNECTING:
             self.state = SessionState.STREAMING
             self.first_frame_s = now - self._open_t
@@ -343,24 +355,35 @@ class ServerSession:
             self._periods.append(now - self._last_chunk_t)
             self.metrics.chunk_period.observe(now - self._last_chunk_t)
         self._last_chunk_t = now
-        self.chunks += 1
-        for stage, tm in rec.stages.items():
-            self.metrics.chunk_compute.labels(stage.value).observe(tm.busy_s)
-        applied = rec.control.seq if rec.control is not None else None
+        control = out.record.control
+        applied = control.seq if control is not None else None
         arrivals = []
         while applied is not None and self._control_times and self._control_times[0][0] <= applied:
             arrivals.append(self._control_times.popleft()[1])
         if arrivals:
             self._awaiting_display[out.index] = arrivals  # measured when its first frame goes out
+
+    def _on_chunk_done(self, out: ChunkOutput, parts: list[list[int]]) -> None:
+        rec = out.record
+        self.chunks += 1
+        for stage, tm in rec.stages.items():
+            self.metrics.chunk_compute.labels(stage.value).observe(tm.busy_s)
+        with self._lock:
+            start_to_pacer = self.dispatch.latency_of(out.index)
+        step = self.pacer.pts_step
+        _, last_pts, last_n = parts[-1]
         self._send(
             {
                 "type": "chunk",
                 "index": out.index,
-                "first_frame": first_frame,
-                "num_frames": n,
-                "pts_start": pts_start,
-                "pts_end": pts_start + (n - 1) * step,
-                "applied_seq": applied,
+                "first_frame": parts[0][0],
+                "num_frames": sum(p[2] for p in parts),
+                "pts_start": parts[0][1],
+                "pts_end": last_pts + (last_n - 1) * step,
+                # [first_frame, pts_start, num_frames] of each part as the pacer got it: exact pts
+                # even if the pacer had to repeat a frame between two parts.
+                "parts": parts,
+                "applied_seq": rec.control.seq if rec.control is not None else None,
                 "applied_keys": sorted(rec.control.keys) if rec.control is not None else [],
                 "timings": {f"{s.value}_s": tm.busy_s for s, tm in rec.stages.items()}
                 | {
@@ -437,6 +460,9 @@ class ServerSession:
                     "buffered_ms": 1000 * d.buffered_s,
                     "chunks_in_flight": d.chunks_in_flight,
                     "predicted_latency_s": d.predicted_start_to_display_s,
+                    "start_to_pacer_quantile_s": d.latency_s,
+                    "start_to_pacer_p50_s": d.measured_latency_p50_s,
+                    "dispatch_lateness_s": d.lateness_s,
                     # A control waits for the next chunk start: half a chunk period on average.
                     "predicted_control_to_frame_s": None
                     if d.predicted_start_to_display_s is None

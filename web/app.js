@@ -19,6 +19,7 @@
   const FPS_WINDOW_MS = 2000;
   const MAX_PENDING_PROBES = 256;
   const MATCH_GIVE_UP_MS = 5000;
+  const SHOWN_PTS_KEPT = 64; // 4 s at 16 FPS: longer than a chunk takes from first frame to message
   const VIDEO_CLOCK_HZ = 90000;
   const PTS_SLACK_FRAMES = 8; // pacer's extra 4 frames + jitter buffer and decode
 
@@ -342,6 +343,8 @@
       rtpOrigin: null, // RTP timestamp of pts 0 (first frame of the session), when the browser exposes it
       g2g: [],
       frameTimes: [], // [time, frames] for the fps window
+      shownPts: [], // [pts, time] of recently presented frames, for chunks whose message comes after
+
       lastPresented: null,
       chunkArrivals: [],
       statsBase: null, // getStats fallback
@@ -642,12 +645,21 @@
   // The server's pacer holds at most about one chunk (+4 frames), so a chunk's first frame goes out
   // within that many frames of the one on screen when its message arrives. A pts_start further ahead
   // is not on the RTP clock (a server that counts pts by frame index drifts by dropped − repeated).
+  // The chunk message comes when the chunk is done, which can be after its first frames were shown
+  // (frames stream out as they are decoded): a pts_start up to a chunk behind is plausible too.
   function ptsPlausible(s, ptsStart, numFrames) {
     const fps = (modelInfo && modelInfo.fps) || 16;
     const step = Math.round(VIDEO_CLOCK_HZ / fps);
     const ahead = (ptsStart - s.lastPts) / step;
     hook.stats.ptsAheadFrames = ahead;
-    return ahead <= (numFrames || 16) + PTS_SLACK_FRAMES;
+    const span = (numFrames || 16) + PTS_SLACK_FRAMES;
+    return ahead <= span && ahead >= -span;
+  }
+
+  // When a frame at or after ptsStart was already presented (after sentAt): its time, else null.
+  function shownAt(s, ptsStart, sentAt) {
+    const hit = s.shownPts.find(([pts, at]) => pts >= ptsStart && at >= sentAt);
+    return hit ? hit[1] : null;
   }
 
   function onChunk(s, msg) {
@@ -664,7 +676,14 @@
         ptsStart = null; // not on the wire's clock: fall back to the next presented frame
       }
       while (s.probes.length && s.probes[0].seq <= applied) {
-        s.matched.push({ ...s.probes.shift(), ptsStart, arrivedAt: now });
+        const probe = s.probes.shift();
+        const at = ptsStart === null ? null : shownAt(s, ptsStart, probe.sentAt);
+        if (at !== null) {
+          hook.stats.g2gMethod = "rtp-pts";
+          recordLatency(s, at - probe.sentAt);
+        } else {
+          s.matched.push({ ...probe, ptsStart, arrivedAt: now });
+        }
       }
     }
     if (!videoFrameCallbacks()) {
@@ -684,7 +703,9 @@
   //    chunk's controls (applied_seq). The first chunk with applied_seq ≥ seq is the first one
   //    generated with the change; probes are matched to it when its "chunk" message arrives.
   // 3. The chunk's first frame is the first video frame presented (requestVideoFrameCallback,
-  //    expectedDisplayTime) after that message arrived whose RTP pts ≥ the chunk's pts_start. RTP pts
+  //    expectedDisplayTime) after the key change whose RTP pts ≥ the chunk's pts_start: looked up
+  //    among the last presented frames when the message comes (it comes when the chunk is done,
+  //    after its first frames may be on screen), else awaited. RTP pts
   //    come from metadata.rtpTimestamp relative to the session's first frame, which the server stamps
   //    pts 0 (90 kHz clock). Without rtpTimestamp (or pts_start) it is simply the first frame presented
   //    after the message, a lower bound when the server's pacer still holds earlier frames.
@@ -750,7 +771,11 @@
   }
 
   function onFramesShown(s, at, frames, pts = null) {
-    if (pts !== null) s.lastPts = pts;
+    if (pts !== null) {
+      s.lastPts = pts;
+      s.shownPts.push([pts, at]);
+      if (s.shownPts.length > SHOWN_PTS_KEPT) s.shownPts.shift();
+    }
     hook.stats.framesDisplayed += frames;
     s.frameTimes.push([at, frames]);
     while (s.frameTimes.length && s.frameTimes[0][0] < at - FPS_WINDOW_MS) s.frameTimes.shift();

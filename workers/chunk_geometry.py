@@ -21,3 +21,10 @@ def chunk_first_frame(chunk_index: int, chunk_latent_frames: int) -> int:
     if chunk_index == 0:
         return 0
     return chunk_num_frames(0, chunk_latent_frames) + (chunk_index - 1) * chunk_num_frames(1, chunk_latent_frames)
+
+
+def latent_span_frames(lo: int, hi: int, first_chunk: bool) -> int:
+    """Video frames decoded from latent frames [lo, hi) of a chunk (the session's very first latent
+    frame, frame 0 of the first chunk, is a single video frame)."""
+    frames = VAE_TIME_STRIDE * (hi - lo)
+    return frames - (VAE_TIME_STRIDE - 1) if first_chunk and lo == 0 and hi > 0 else frames

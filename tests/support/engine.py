@@ -11,7 +11,7 @@ import numpy as np
 
 from workers.models.camera import ChunkControl
 from workers.models.presets import TINY
-from workers.runtime.engine import ChunkOutput, ControlSource, PipelineEngine
+from workers.runtime.engine import ChunkAssembler, ChunkOutput, ControlSource, PipelineEngine
 from workers.runtime.placement import PLACEMENTS
 from workers.serial_engine import SerialEngine
 
@@ -30,12 +30,15 @@ def control_source(controls: list[list[str]] = CONTROLS) -> ControlSource:
 
 @dataclass
 class Collector:
-    """Receives a session's chunks and its end on the scheduler thread."""
+    """Receives a session's chunks (whole: parts assembled) and its end on the scheduler thread."""
 
     events: queue.Queue = field(default_factory=queue.Queue)
+    assembler: ChunkAssembler = field(default_factory=ChunkAssembler)
 
     def on_chunk(self, out: ChunkOutput) -> None:
-        self.events.put(("chunk", out))
+        whole = self.assembler.add(out)
+        if whole is not None:
+            self.events.put(("chunk", whole))
 
     def on_end(self, session_id: str, error: str | None) -> None:
         self.events.put(("end", error))

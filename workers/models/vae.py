@@ -132,6 +132,9 @@ class CausalConv3d(nn.Conv3d):
         return super().forward(x)
 
 
+NORM_EPS = 1e-12  # F.normalize's
+
+
 class RMS_norm(nn.Module):  # upstream's name, kept so code and checkpoint layouts read alike
     """Channel RMS norm: L2-normalise over channels, rescale by sqrt(dim) and a learned gain."""
 
@@ -142,7 +145,11 @@ class RMS_norm(nn.Module):  # upstream's name, kept so code and checkpoint layou
         self.gamma = nn.Parameter(torch.ones(shape))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.normalize(x, dim=1) * self.scale * self.gamma
+        # F.normalize(x, dim=1), written as a sum of squares: PyTorch's CPU vector norm over a
+        # strided dim runs 6-17x slower and was 38 % of a 128x128 chunk's decode. Same value to
+        # float rounding (eps 1e-12 on the norm is 1e-24 on its square).
+        inv_norm = torch.rsqrt(x.square().sum(dim=1, keepdim=True).clamp_min(NORM_EPS**2))
+        return x * inv_norm * (self.scale * self.gamma)
 
 
 class _Upsample2x(nn.Module):

@@ -1,7 +1,8 @@
 """Decode stage worker (one rank of a height-sharded group): latents in, uint8 frames to the server.
 
-Each rank reads only its band of latent rows from the DiT's slot; rank 0 gathers the frame and
-publishes it into host shared memory (the frame ring) for the server to copy out.
+Each rank reads only its band of latent rows from the DiT's slot; rank 0 gathers the frames and
+publishes them into host shared memory (the frame ring) for the server to copy out, part by part
+as they are decoded (`FramesReady`), then reports the chunk done.
 """
 
 from __future__ import annotations
@@ -38,9 +39,20 @@ class DecodeServer(StageServer):
             session: DecodeSession = self.sessions[msg.session_id]
             self.check_fault(msg.chunk_index)
             band = self.take(msg.latents, shard_rank=rank if self.shard else None)
-            with self.timed() as timer:
-                frames = session.run_chunk(band)
-            out = None if frames is None else self.publish(torch.from_numpy(frames))
-            yield self.chunk_done(msg, timer.busy_s, out, (msg.latents,))
+            busy_s = 0.0
+            offset = 0
+            parts = session.run_chunk_parts(band)
+            while True:
+                # Busy time counts the decoding only, not the hand-off of each part.
+                with self.timed() as timer:
+                    part = next(parts, None)
+                busy_s += timer.busy_s
+                if part is None:
+                    break
+                frames, last = part
+                if frames is not None:  # rank 0: hand the part on at once
+                    yield self.frames_ready(msg, offset, torch.from_numpy(frames), last)
+                    offset += len(frames)
+            yield self.chunk_done(msg, busy_s, None, (msg.latents,))
         else:
             raise TypeError(f"decode stage cannot handle {type(msg).__name__}")

@@ -50,6 +50,7 @@ from workers.runtime.messages import (
     DecodeChunk,
     DenoiseChunk,
     EncodeChunk,
+    FramesReady,
     OpenSession,
     QueryStats,
     Release,
@@ -136,10 +137,32 @@ class ChunkRecord:
 
 @dataclass(frozen=True)
 class ChunkOutput:
+    """Part of a chunk's frames: a chunk arrives in parts, in order, as the decode stage hands them
+    on (`offset`: the chunk's frames before these). The `last` part comes when the chunk is done,
+    with its `record` complete."""
+
     session_id: str
     index: int
     frames: np.ndarray  # [T, H, W, 3] uint8, owned by the receiver
     record: ChunkRecord
+    offset: int = 0
+    last: bool = True
+
+
+class ChunkAssembler:
+    """For consumers that want whole chunks: gathers a chunk's parts, returns the chunk at its last."""
+
+    def __init__(self) -> None:
+        self._parts: dict[int, list[np.ndarray]] = {}
+
+    def add(self, out: ChunkOutput) -> ChunkOutput | None:
+        parts = self._parts.setdefault(out.index, [])
+        assert out.offset == sum(len(p) for p in parts), f"chunk {out.index}: part at {out.offset} out of order"
+        parts.append(out.frames)
+        if not out.last:
+            return None
+        frames = np.concatenate(self._parts.pop(out.index))
+        return ChunkOutput(out.session_id, out.index, frames, out.record)
 
 
 @dataclass
@@ -163,6 +186,7 @@ class EngineSession:
     encoded: deque[tuple[int, TensorRef]] = field(default_factory=deque)
     denoised: deque[tuple[int, TensorRef]] = field(default_factory=deque)
     inflight: dict[Stage, int] = field(default_factory=dict)  # stage -> chunk index being computed
+    last_part: FramesReady | None = None  # a chunk's final frames, held until its decode is done
     records: dict[int, ChunkRecord] = field(default_factory=dict)
     outstanding: dict[tuple[str, str, int, int, int], TensorRef] = field(default_factory=dict)  # unreleased
     error: str | None = None
@@ -576,6 +600,9 @@ class PipelineEngine:
         self._maybe_finish_close(session)
 
     def _discard_queued(self, session: EngineSession) -> None:
+        if session.last_part is not None:
+            self._release(session, Stage.DECODE, [session.last_part.output], "discarded")
+            session.last_part = None
         for stage_queue, producer in ((session.encoded, Stage.ENCODE), (session.denoised, Stage.DIT)):
             while stage_queue:
                 _, ref = stage_queue.popleft()
@@ -623,6 +650,9 @@ class PipelineEngine:
             return
         if isinstance(msg, StageFailed) and msg.fatal:
             self._stage_died(stage, msg.error)
+            return
+        if isinstance(msg, FramesReady):
+            self._on_frames(msg)  # ahead of the command's reply, which ends it
             return
         inflight = w.inflight
         assert inflight is not None, f"unexpected reply from {stage.value}: {msg!r}"
@@ -683,8 +713,9 @@ class PipelineEngine:
         tm.done_t = now
         tm.busy_s = reply.busy_s
         self.stages[stage].busy_s += reply.busy_s
-        assert reply.output is not None, f"{stage.value} rank 0 published no output"
-        self._track(session, reply.output)
+        if stage is not Stage.DECODE:  # decode's frames came ahead, as FramesReady parts
+            assert reply.output is not None, f"{stage.value} rank 0 published no output"
+            self._track(session, reply.output)
         if stage is Stage.ENCODE:
             session.encoded.append((reply.chunk_index, reply.output))
             rec.stages[Stage.DIT].ready_t = now
@@ -692,14 +723,35 @@ class PipelineEngine:
             session.denoised.append((reply.chunk_index, reply.output))
             rec.stages[Stage.DECODE].ready_t = now
         else:
-            frames = self.consumer.get(reply.output, copy=True).numpy()
-            self._release(session, Stage.DECODE, [reply.output], "copied")
-            rec.num_frames = len(frames)
-            rec.frames_ready_t = now
+            last, session.last_part = session.last_part, None
             session.chunks_out += 1
-            session.on_chunk(ChunkOutput(session.id, reply.chunk_index, frames, rec))
+            if last is not None:  # None: the session stopped running while the chunk decoded
+                assert last.chunk_index == reply.chunk_index, "a chunk's last frames came with another chunk"
+                self._deliver(session, last, rec)
             if session.max_chunks is not None and session.chunks_out >= session.max_chunks:
                 self._close(session.id, None)
+
+    def _on_frames(self, msg: FramesReady) -> None:
+        """Part of a chunk's frames: copy them out of the ring at once; hand on all but the last
+        part now, the last one with the chunk's ChunkDone (its record complete)."""
+        session = self.sessions.get(msg.session_id)
+        if session is None or session.epoch != msg.epoch or session.state is not SessionState.RUNNING:
+            self._send_release(Stage.DECODE, [Ack.of(msg.output, "discarded")])  # nobody will show them
+            return
+        self._track(session, msg.output)
+        if msg.last:
+            session.last_part = msg
+        else:
+            self._deliver(session, msg, None)
+
+    def _deliver(self, session: EngineSession, part: FramesReady, done: ChunkRecord | None) -> None:
+        frames = self.consumer.get(part.output, copy=True).numpy()
+        self._release(session, Stage.DECODE, [part.output], "copied")
+        rec = session.record(part.chunk_index)
+        rec.num_frames = part.offset + len(frames)
+        if part.offset == 0:
+            rec.frames_ready_t = time.perf_counter()  # the chunk's first frames are out
+        session.on_chunk(ChunkOutput(session.id, part.chunk_index, frames, rec, part.offset, last=done is not None))
 
     # ---- slot bookkeeping ----
 

@@ -126,6 +126,21 @@ class ChunkDone:
 
 
 @dataclass(frozen=True)
+class FramesReady:
+    """Decode rank 0: frames of a chunk that are ready before the chunk is done (streamed ahead of
+    its ChunkDone, in order). `offset`: frames of the chunk before these; `last`: the final part."""
+
+    stage: Stage
+    rank: int
+    session_id: str
+    epoch: int
+    chunk_index: int
+    offset: int
+    last: bool
+    output: TensorRef
+
+
+@dataclass(frozen=True)
 class SessionClosed:
     stage: Stage
     rank: int
@@ -152,4 +167,4 @@ class StageFailed:
     fatal: bool
 
 
-Reply = WorkerReady | SessionOpened | ChunkDone | SessionClosed | StageStats | StageFailed
+Reply = WorkerReady | SessionOpened | FramesReady | ChunkDone | SessionClosed | StageStats | StageFailed

@@ -21,6 +21,7 @@ from workers.runtime.messages import (
     ChunkDone,
     CloseSession,
     Command,
+    FramesReady,
     QueryStats,
     Release,
     Reply,
@@ -107,6 +108,13 @@ class StageServer:
         if self.producer is None:
             return None
         return self.producer.put(tensor, shard_dim=shard_dim, num_shards=num_shards)
+
+    def frames_ready(self, msg: Any, offset: int, frames: torch.Tensor, last: bool) -> FramesReady:
+        """Publish part of a chunk's frames ahead of its ChunkDone (decode rank 0)."""
+        output = self.publish(frames)
+        assert output is not None, "only rank 0 publishes frames"
+        stage, rank = self.spec.stage, self.spec.rank
+        return FramesReady(stage, rank, msg.session_id, msg.epoch, msg.chunk_index, offset, last, output)
 
     def chunk_done(
         self, msg: Any, busy_s: float, output: TensorRef | None, inputs: tuple[TensorRef, ...] = ()

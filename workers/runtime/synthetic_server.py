@@ -2,7 +2,8 @@
 
 Each command holds the worker for the stage's stated time, measured from when the command arrived,
 and moves real tensors of the geometry preset's shapes through the real channels. The decode stage
-fills its frames with their global frame numbers (`workers/frame_stamp.py`) inside that time.
+fills its frames with their global frame numbers (`workers/frame_stamp.py`) and hands them on in
+the real stage's parts, each after its share of that time.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Iterator
 
 import torch
 
-from workers.chunk_geometry import chunk_first_frame, chunk_num_frames
+from workers.chunk_geometry import chunk_first_frame, latent_span_frames
 from workers.frame_stamp import stamp_frames
 from workers.models.presets import get_preset
 from workers.parallel.group import StageGroup
@@ -28,6 +29,7 @@ from workers.runtime.messages import (
 )
 from workers.runtime.servers import StageServer
 from workers.runtime.worker import WorkerSpec
+from workers.stages.decode import part_bounds
 
 
 class SyntheticStageServer(StageServer):
@@ -73,11 +75,21 @@ class SyntheticStageServer(StageServer):
             out = self.publish(latents, shard_dim=3, num_shards=self.spec.output_shards)
             yield self.chunk_done(msg, self._hold_from(t0), out, (msg.cond,))
         elif isinstance(msg, DecodeChunk):
+            # Parts as the real decode stage hands them on, each after its share of the hold.
             self.take(msg.latents, shard_rank=rank)
-            num_frames = chunk_num_frames(msg.chunk_index, chunk)
-            frames = torch.empty(num_frames, p.height_px, p.width_px, 3, dtype=torch.uint8)
-            stamp_frames(frames.numpy(), chunk_first_frame(msg.chunk_index, chunk))
-            out = self.publish(frames)
-            yield self.chunk_done(msg, self._hold_from(t0), out, (msg.latents,))
+            first = chunk_first_frame(msg.chunk_index, chunk)
+            offset = 0
+            bounds = part_bounds(chunk, first_in_stream=msg.chunk_index == 0)
+            for i, (lo, hi) in enumerate(bounds):
+                n = latent_span_frames(lo, hi, first_chunk=msg.chunk_index == 0)
+                frames = torch.empty(n, p.height_px, p.width_px, 3, dtype=torch.uint8)
+                stamp_frames(frames.numpy(), first + offset)
+                rest = self.hold_s * hi / chunk - (time.perf_counter() - t0)
+                if rest > 0:
+                    time.sleep(rest)
+                if rank == 0:
+                    yield self.frames_ready(msg, offset, frames, last=i == len(bounds) - 1)
+                offset += n
+            yield self.chunk_done(msg, self._hold_from(t0), None, (msg.latents,))
         else:
             raise TypeError(f"synthetic stage cannot handle {type(msg).__name__}")

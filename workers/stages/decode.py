@@ -1,12 +1,17 @@
 """VAE decode stage: clean latents -> uint8 RGB frames, streaming per session.
 
 The first chunk of C latent frames yields 4C−3 video frames, every later one 4C; the VAE's causal
-caches carry across chunks so the seams are exactly those of a one-shot decode. With a
+caches carry across chunks so the seams are exactly those of a one-shot decode. Frames come out in
+parts as soon as they are decoded (`run_chunk_parts`): one latent frame's 4 frames at a time, the
+first chunk's single-frame latent frame 0 joined to the next, so a viewer's pacer can start a chunk
+before its last frames exist and every part covers at least the time the next one takes. With a
 `SpatialShard`, each rank decodes its band of latent rows (halo rows exchanged with its neighbours)
 and rank 0 receives the gathered frames.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -16,6 +21,15 @@ from workers.models.vae import WanVAE
 from workers.parallel.halo import SpatialShard
 
 
+def part_bounds(num_latent_frames: int, first_in_stream: bool) -> list[tuple[int, int]]:
+    """Latent-frame ranges decoded and handed on together: one each, except that a stream's first
+    latent frame (a single video frame) goes with the one after it."""
+    starts = list(range(num_latent_frames))
+    if first_in_stream and num_latent_frames > 1:
+        starts.remove(1)
+    return [(lo, hi) for lo, hi in zip(starts, [*starts[1:], num_latent_frames], strict=True)]
+
+
 class DecodeSession:
     def __init__(self, vae: WanVAE, shard: SpatialShard | None = None) -> None:
         self.vae = vae
@@ -23,14 +37,22 @@ class DecodeSession:
         self.state = vae.new_stream_state()
 
     @torch.no_grad()
-    def run_chunk(self, latents: torch.Tensor) -> np.ndarray | None:
-        """latents [1, 16, C, h, w] (this rank's band when sharded) -> frames [T, H, W, 3] uint8 (rank 0)."""
+    def run_chunk_parts(self, latents: torch.Tensor) -> Iterator[tuple[np.ndarray | None, bool]]:
+        """latents [1, 16, C, h, w] (this rank's band when sharded) -> (frames [T, H, W, 3] uint8,
+        is the last part) per part, in order; frames are None on ranks other than 0 of a shard."""
         device = next(self.vae.parameters()).device
         latents = latents.to(device)
-        if self.shard is None:
-            video = self.vae.decode_stream(latents, self.state)  # [1, 3, T, H, W]
-        else:
-            video = self.vae.decode_stream_sharded(latents, self.state, self.shard, gather_to=0)
-            if video is None:
-                return None
-        return to_uint8_frames(video[0])
+        bounds = part_bounds(latents.shape[2], first_in_stream=self.state.latents_decoded == 0)
+        for i, (lo, hi) in enumerate(bounds):
+            part = latents[:, :, lo:hi]
+            if self.shard is None:
+                frames = to_uint8_frames(self.vae.decode_stream(part, self.state)[0])  # video [1, 3, T, H, W]
+            else:
+                video = self.vae.decode_stream_sharded(part, self.state, self.shard, gather_to=0)
+                frames = None if video is None else to_uint8_frames(video[0])
+            yield frames, i == len(bounds) - 1
+
+    def run_chunk(self, latents: torch.Tensor) -> np.ndarray | None:
+        """The whole chunk's frames [T, H, W, 3] uint8 at once (rank 0; None on the others)."""
+        parts = [frames for frames, _ in self.run_chunk_parts(latents)]
+        return None if parts[0] is None else np.concatenate(parts)  # type: ignore[arg-type]
