@@ -14,17 +14,20 @@ Policies (`DispatchPolicy`):
       need_t  = max(playout_end_t, now) + frames in flight / fps
 
   `playout_end_t` is when the pacer will have played everything pushed so far (reported by the
-  session at each push); `latency` is a high quantile of this session's measured start → pacer times
-  over recent chunks (DiT, a wait for decode, decode, hand-off), raised at once when a chunk in
-  flight has already taken longer; `lateness` is a high quantile of how late, past the start time
-  it wanted, a chunk actually got the DiT (another viewer's chunk in the DiT, the scheduler's wake-up),
-  so a shared engine is anticipated. At most `max_chunks_in_flight` (2) chunks are between DiT start
-  and the pacer: chunk k+1 may be in the DiT while chunk k decodes. Before anything is measured, a
-  chunk starts as soon as that limit allows. When the pipeline cannot keep up (its bottleneck exceeds
-  a chunk's media time) need_t is always past: chunks start as soon as allowed, the DiT never waits
-  for this viewer, and the session degrades steadily at the pipeline's own rate.
-- `chunk-synchronous` (the A/B baseline): start only while less than one chunk of video is buffered
-  or in flight for this viewer, so the chunk period is DiT + decode + hand-off.
+  session at each push; a chunk's frames arrive in parts as they are decoded); the frames in flight
+  are those of started chunks not pushed yet; `latency` is a high quantile of this session's measured
+  start → first frames at the pacer over recent chunks (DiT, a wait for decode, the first part's
+  decode, hand-off), raised at once when a chunk in flight has already taken longer; `lateness` is
+  a high quantile of how late, past the start time it wanted, a chunk actually got the DiT (another
+  viewer's chunk in the DiT, the scheduler's wake-up), so a shared engine is anticipated. At most
+  `max_chunks_in_flight` (2) chunks are between DiT start and the pacer: chunk k+1 may be in the DiT
+  while chunk k decodes. Before anything is measured, a chunk starts as soon as that limit allows.
+  When the pipeline cannot keep up (its bottleneck exceeds a chunk's media time) need_t is always
+  past: chunks start as soon as allowed, the DiT never waits for this viewer, and the session
+  degrades steadily at the pipeline's own rate.
+- `chunk-synchronous` (the A/B baseline): start only once the previous chunk is all in the pacer and
+  less than one chunk of video is buffered for this viewer, so the chunk period is DiT + the whole
+  decode + hand-off.
 
 All times are in the caller's clock (seconds); the controller never reads a clock itself.
 """
@@ -112,6 +115,7 @@ class DispatchController:
     def __init__(self, config: DispatchConfig) -> None:
         self.config = config
         self._started_t: dict[int, float] = {}  # chunks between DiT start and the pacer -> start time
+        self._unpushed: dict[int, int] = {}  # started chunks -> frames not yet pushed to the pacer
         # Chunks started before any measurement, as soon as allowed: at start-up chunk 1 queues behind
         # chunk 0's decode, a wait no timed chunk has, so its latency would only mislead.
         self._unmeasured: set[int] = set()
@@ -131,9 +135,10 @@ class DispatchController:
         if chunk_index == 0:
             return self._start(chunk_index, now, None)
         if cfg.policy is DispatchPolicy.CHUNK_SYNCHRONOUS:
-            ahead = self._frames_in_flight() + self.buffered_s(now) * cfg.fps
-            if ahead >= chunk_num_frames(chunk_index, cfg.chunk_latent_frames):
-                return Blocked("a chunk of video is buffered or in flight")
+            if self._unpushed:
+                return Blocked("the previous chunk is not all in the pacer yet")
+            if self.buffered_s(now) * cfg.fps >= chunk_num_frames(chunk_index, cfg.chunk_latent_frames):
+                return Blocked("a chunk of video is buffered")
             return self._start(chunk_index, now, None)
         start_t = self._jit_start_t(now)
         if start_t is None:
@@ -145,9 +150,13 @@ class DispatchController:
 
     # ---- what the session reports ----
 
-    def arrived(self, chunk_index: int, now: float, playout_end_t: float) -> None:
-        """Chunk `chunk_index`'s frames reached the pacer at `now`; the pacer will have played all it
-        holds at `playout_end_t`."""
+    def pushed(self, chunk_index: int, num_frames: int, now: float, playout_end_t: float) -> None:
+        """`num_frames` of chunk `chunk_index` reached the pacer at `now` (its first push: the chunk
+        has arrived); the pacer will have played all it holds at `playout_end_t`."""
+        self._playout_end_t = playout_end_t
+        left = self._unpushed.pop(chunk_index, 0) - num_frames
+        if left > 0:
+            self._unpushed[chunk_index] = left
         started = self._started_t.pop(chunk_index, None)
         if started is not None:
             self._latency_by_chunk[chunk_index] = now - started
@@ -155,7 +164,6 @@ class DispatchController:
             if not (chunk_index in self._unmeasured and self._latency):
                 self._latency.append(now - started)
         self._unmeasured.discard(chunk_index)
-        self._playout_end_t = playout_end_t
 
     def latency_of(self, chunk_index: int) -> float | None:
         """Chunk `chunk_index`'s measured start → pacer time (kept for the last few chunks)."""
@@ -187,11 +195,11 @@ class DispatchController:
             # not make the controller start chunks ever earlier once it recovers.
             self._lateness.append(min(max(0.0, now - wanted), self.config.chunk_media_s))
         self._started_t[chunk_index] = now
+        self._unpushed[chunk_index] = chunk_num_frames(chunk_index, self.config.chunk_latent_frames)
         return StartNow()
 
     def _frames_in_flight(self) -> int:
-        c = self.config.chunk_latent_frames
-        return sum(chunk_num_frames(k, c) for k in self._started_t)
+        return sum(self._unpushed.values())
 
     def _predicted_latency(self, now: float) -> float | None:
         measured = _high_quantile(self._latency, self.config.latency_quantile) if self._latency else None

@@ -319,8 +319,8 @@ class ServerSession:
     # ---- engine events (on the loop) ----
 
     def _on_chunk(self, out: ChunkOutput) -> None:
-        """Part of a chunk's frames (loop thread): into the pacer at once; the first part tells the
-        dispatch controller the chunk has arrived, the last one completes the `chunk` message."""
+        """Part of a chunk's frames (loop thread): into the pacer at once, and reported to the dispatch
+        controller; the last part completes the `chunk` message."""
         if self.state not in (SessionState.CONNECTING, SessionState.STREAMING):
             return
         n = int(out.frames.shape[0])
@@ -333,21 +333,18 @@ class ServerSession:
         pts_start = (pacer.sent + pacer.depth - n) * pacer.pts_step
         parts = self._chunk_parts.setdefault(out.index, [])
         parts.append([first_frame, pts_start, n])
+        now = time.monotonic()
+        next_due = pacer.next_due_s if pacer.started else now
+        assert next_due is not None
+        with self._lock:
+            self.dispatch.pushed(out.index, n, now, playout_end_t=max(next_due, now) + pacer.depth / self.fps)
         if out.offset == 0:
-            self._on_chunk_arrived(out, n)
+            self._on_chunk_arrived(out, now)
         if out.last:
             self._on_chunk_done(out, self._chunk_parts.pop(out.index))
 
-    def _on_chunk_arrived(self, out: ChunkOutput, n: int) -> None:
-        now = time.monotonic()
-        pacer = self.pacer
-        next_due = pacer.next_due_s if pacer.started else now
-        assert next_due is not None
-        # The rest of the chunk is on its way, decoded faster than it plays.
-        rest = chunk_num_frames(out.index, self.chunk_latent_frames) - n
-        with self._lock:
-            playout_end = max(next_due, now) + (pacer.depth + rest) / self.fps
-            self.dispatch.arrived(out.index, now, playout_end_t=playout_end)
+    def _on_chunk_arrived(self, out: ChunkOutput, now: float) -> None:
+        """The chunk's first frames are in the pacer."""
         if self.state is SessionState.CONNECTING:
             self.state = SessionState.STREAMING
             self.first_frame_s = now - self._open_t

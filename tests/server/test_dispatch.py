@@ -20,7 +20,8 @@ from server.dispatch import (
     StartLater,
     StartNow,
 )
-from workers.chunk_geometry import chunk_num_frames
+from workers.chunk_geometry import chunk_num_frames, latent_span_frames
+from workers.stages.decode import part_bounds
 
 FPS = 16
 C = 4  # latent frames per chunk: 16 video frames, 1 s
@@ -50,12 +51,12 @@ class Viewer:
     shown_t: dict[int, float] = field(default_factory=dict)  # chunk -> its first frame on screen
     first_chunk_done: bool = False
 
-    def push(self, chunk: int, now: float) -> None:
-        self.queue.extend([chunk] * chunk_num_frames(chunk, C))
+    def push(self, chunk: int, num_frames: int, now: float) -> None:
+        self.queue.extend([chunk] * num_frames)
         if self.next_tick_t is None:
             self.next_tick_t = now  # the first frame goes out at once
         playout_end = max(self.next_tick_t, now) + len(self.queue) / FPS
-        self.controller.arrived(chunk, now, playout_end)
+        self.controller.pushed(chunk, num_frames, now, playout_end)
 
     def tick(self) -> None:
         assert self.next_tick_t is not None
@@ -99,13 +100,14 @@ def simulate(
     join_s: float = 0.3,
 ) -> Result:
     """Event-driven: one DiT serving viewers round robin (asked when free, at Hold deadlines and every
-    POLL_TICK_S, as the engine does), one FIFO decode, a pacer per viewer. Viewer i joins at i·join_s."""
+    POLL_TICK_S, as the engine does), one FIFO decode handing on each latent frame's frames as it
+    decodes them (as workers/stages/decode.py does), a pacer per viewer. Viewer i joins at i·join_s."""
     vs = [Viewer(DispatchController(DispatchConfig(policy, FPS, C))) for _ in range(viewers)]
-    events: list[tuple[float, int, str, int, int]] = []  # (t, seq, kind, viewer, chunk)
+    events: list[tuple[float, int, str, int, int, int]] = []  # (t, seq, kind, viewer, chunk, frames)
     seq = itertools.count()
 
-    def at(t: float, kind: str, viewer: int = -1, chunk: int = -1) -> None:
-        heapq.heappush(events, (t, next(seq), kind, viewer, chunk))
+    def at(t: float, kind: str, viewer: int = -1, chunk: int = -1, frames: int = 0) -> None:
+        heapq.heappush(events, (t, next(seq), kind, viewer, chunk, frames))
 
     for i in range(viewers):
         at(i * join_s, "poll")
@@ -116,7 +118,7 @@ def simulate(
     rr = 0
     now = 0.0
     while events:
-        now, _, kind, v, chunk = heapq.heappop(events)
+        now, _, kind, v, chunk, frames = heapq.heappop(events)
         if now > duration_s:
             break
         if kind == "tick":
@@ -125,11 +127,14 @@ def simulate(
             continue
         if kind == "dit-done":
             start = max(now, decode_free_t)
-            decode_free_t = start + decode(start)
-            at(decode_free_t + handoff_s, "arrive", v, chunk)
+            took = decode(start)
+            decode_free_t = start + took
+            for lo, hi in part_bounds(C, first_in_stream=chunk == 0):
+                n = latent_span_frames(lo, hi, first_chunk=chunk == 0)
+                at(start + took * hi / C + handoff_s, "arrive", v, chunk, n)
         elif kind == "arrive":
             first_push = vs[v].next_tick_t is None
-            vs[v].push(chunk, now)
+            vs[v].push(chunk, frames, now)
             if first_push:
                 at(now, "tick", v)
             if steady_from is None and chunk >= 1:
@@ -168,8 +173,9 @@ def test_steady_jit_overlaps_dit_and_decode_and_never_starves() -> None:
     assert v.repeats_after_first_chunk == 0
     assert v.unique >= 0.99 * FPS * 58
     assert r.dit_idle_fraction <= 0.25  # the DiT works 0.8 of every 1 s chunk
-    # A chunk's first frame is on screen DiT + decode + hand-off + the margin after it starts.
-    assert max(r.start_to_screen_s(0)) <= 0.8 + 0.5 + 0.01 + 0.06 + 2 / FPS
+    # A chunk's first frame is on screen DiT + a quarter of the decode (its first part) + hand-off +
+    # the margin after it starts.
+    assert max(r.start_to_screen_s(0)) <= 0.8 + 0.5 / 4 + 0.01 + 0.06 + 2 / FPS
     periods = r.start_periods_s(0)
     assert sum(periods) / len(periods) == pytest.approx(1.0, abs=0.01)  # one chunk per second of media
 
@@ -186,7 +192,7 @@ def test_a_fast_model_starts_late_for_low_latency() -> None:
     """Like gridworld on a CPU (DiT 0.15 s, decode 0.45 s): chunks start when they must, not early."""
     r = simulate(fixed(0.15), fixed(0.45))
     assert r.viewers[0].repeats_after_first_chunk == 0
-    assert max(r.start_to_screen_s(0)) <= 0.15 + 0.45 + 0.01 + 0.06 + 2 / FPS
+    assert max(r.start_to_screen_s(0)) <= 0.15 + 0.45 / 4 + 0.01 + 0.06 + 2 / FPS
 
 
 def test_slowing_stages_are_caught_within_a_chunk() -> None:
@@ -194,7 +200,7 @@ def test_slowing_stages_are_caught_within_a_chunk() -> None:
     v = r.viewers[0]
     # At most the chunk in flight when the DiT slowed arrives late, by the slow-down (0.35 s).
     assert v.repeats_after_first_chunk <= 0.35 * FPS + 1
-    late = [k for k in v.shown_t if k > 0 and v.shown_t[k] - v.started_t[k] > 0.85 + 0.3 + 0.2]
+    late = [k for k in v.shown_t if k > 0 and v.shown_t[k] - v.started_t[k] > 0.85 + 0.3 / 4 + 0.2]
     assert all(20.0 - 1.5 < v.started_t[k] < 20.0 + 1.0 for k in late), late
 
 
@@ -205,7 +211,7 @@ def test_recovering_stages_bring_latency_back_down() -> None:
     # is a little more than chunk 0's latency plus its 13 frames.
     assert v.repeats_after_first_chunk <= 1
     after = [v.shown_t[k] - v.started_t[k] for k in v.shown_t if v.started_t[k] > 20.0 + 10.0]
-    assert after and max(after) <= 0.3 + 0.3 + 0.01 + 0.06 + 2 / FPS  # forgotten after 8 chunks
+    assert after and max(after) <= 0.3 + 0.3 / 4 + 0.01 + 0.06 + 2 / FPS  # forgotten after 8 chunks
 
 
 def test_overload_degrades_steadily_instead_of_oscillating() -> None:
@@ -230,7 +236,7 @@ def test_at_most_two_chunks_in_flight_and_verdicts() -> None:
     assert isinstance(c.poll(1, 0.1), StartNow)  # nothing measured yet: start as soon as allowed
     blocked = c.poll(2, 0.2)
     assert isinstance(blocked, Blocked) and "2 chunks in flight" in blocked.reason
-    c.arrived(0, 1.0, playout_end_t=1.0 + 13 / FPS)
+    c.pushed(0, 13, 1.0, playout_end_t=1.0 + 13 / FPS)
     later = c.poll(2, 1.0)
     # Chunk 1 (16 frames) plays after chunk 0's 13: chunk 2 is needed at 1.0 + 29/16 and takes ~1 s.
     assert isinstance(later, StartLater)
