@@ -83,11 +83,13 @@ class _Walk:
     repeats: int
     repeats_after_first_chunk: int
     out_of_order: int
+    repeat_t: list[float]
 
 
 def _walk(ids: list[int], times: list[float], first_chunk_frames: int) -> _Walk:
     """Frame ids in arrival order: new, a repeat (the previous id again) or out of order (older)."""
     unique_t: list[float] = []
+    repeat_t: list[float] = []
     repeats = after_first = out_of_order = 0
     last_id: int | None = None
     max_id = -1
@@ -95,13 +97,14 @@ def _walk(ids: list[int], times: list[float], first_chunk_frames: int) -> _Walk:
         if frame_id == last_id:
             repeats += 1
             after_first += max_id >= first_chunk_frames - 1
+            repeat_t.append(t)
         elif frame_id < max_id:
             out_of_order += 1
         else:
             unique_t.append(t)
             max_id = frame_id
         last_id = frame_id
-    return _Walk(unique_t, repeats, after_first, out_of_order)
+    return _Walk(unique_t, repeats, after_first, out_of_order, repeat_t)
 
 
 def _carry_forward(ids: list[int | None]) -> list[int]:
@@ -145,6 +148,8 @@ def analyze(
         "repeated_fraction_after_first_chunk": walk.repeats_after_first_chunk
         / max(1, len(frames) - first_chunk_frames),
         "out_of_order_frames": walk.out_of_order,
+        # When repeats happened, seconds after the first frame (the first 20): start-up, or a hiccup.
+        "repeats_at_s": [round(t - times[0], 3) for t in walk.repeat_t[:20]],
         "stalls": len(stalls),
         "stalled_s": sum(stalls),
         "frame_interval_jitter_p99_s": float(np.percentile(jitter, 99)) if jitter.size else None,

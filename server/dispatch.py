@@ -52,7 +52,7 @@ class DispatchConfig:
     policy: DispatchPolicy
     fps: int
     chunk_latent_frames: int
-    margin_s: float = 0.06  # slack between a chunk's predicted arrival and the moment the pacer needs it
+    margin_s: float = 0.1  # slack between a chunk's predicted arrival and the moment the pacer needs it
     latency_quantile: float = 0.9  # of the recent samples (with 8 samples: their maximum)
     history_chunks: int = 8  # samples kept per measure: a slow spell is forgotten after this many chunks
     max_chunks_in_flight: int = 2

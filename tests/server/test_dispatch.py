@@ -26,6 +26,7 @@ from workers.stages.decode import part_bounds
 FPS = 16
 C = 4  # latent frames per chunk: 16 video frames, 1 s
 POLL_TICK_S = 0.05  # the engine's scheduler asks at least this often (LOOP_TICK_S)
+MARGIN_S = DispatchConfig(DispatchPolicy.JIT, FPS, C).margin_s
 StageTime = Callable[[float], float]  # start time -> seconds the stage takes
 
 
@@ -175,7 +176,7 @@ def test_steady_jit_overlaps_dit_and_decode_and_never_starves() -> None:
     assert r.dit_idle_fraction <= 0.25  # the DiT works 0.8 of every 1 s chunk
     # A chunk's first frame is on screen DiT + a quarter of the decode (its first part) + hand-off +
     # the margin after it starts.
-    assert max(r.start_to_screen_s(0)) <= 0.8 + 0.5 / 4 + 0.01 + 0.06 + 2 / FPS
+    assert max(r.start_to_screen_s(0)) <= 0.8 + 0.5 / 4 + 0.01 + MARGIN_S + 2 / FPS
     periods = r.start_periods_s(0)
     assert sum(periods) / len(periods) == pytest.approx(1.0, abs=0.01)  # one chunk per second of media
 
@@ -192,7 +193,7 @@ def test_a_fast_model_starts_late_for_low_latency() -> None:
     """Like gridworld on a CPU (DiT 0.15 s, decode 0.45 s): chunks start when they must, not early."""
     r = simulate(fixed(0.15), fixed(0.45))
     assert r.viewers[0].repeats_after_first_chunk == 0
-    assert max(r.start_to_screen_s(0)) <= 0.15 + 0.45 / 4 + 0.01 + 0.06 + 2 / FPS
+    assert max(r.start_to_screen_s(0)) <= 0.15 + 0.45 / 4 + 0.01 + MARGIN_S + 2 / FPS
 
 
 def test_slowing_stages_are_caught_within_a_chunk() -> None:
@@ -211,7 +212,7 @@ def test_recovering_stages_bring_latency_back_down() -> None:
     # is a little more than chunk 0's latency plus its 13 frames.
     assert v.repeats_after_first_chunk <= 1
     after = [v.shown_t[k] - v.started_t[k] for k in v.shown_t if v.started_t[k] > 20.0 + 10.0]
-    assert after and max(after) <= 0.3 + 0.3 / 4 + 0.01 + 0.06 + 2 / FPS  # forgotten after 8 chunks
+    assert after and max(after) <= 0.3 + 0.3 / 4 + 0.01 + MARGIN_S + 2 / FPS  # forgotten after 8 chunks
 
 
 def test_overload_degrades_steadily_instead_of_oscillating() -> None:
@@ -240,10 +241,10 @@ def test_at_most_two_chunks_in_flight_and_verdicts() -> None:
     later = c.poll(2, 1.0)
     # Chunk 1 (16 frames) plays after chunk 0's 13: chunk 2 is needed at 1.0 + 29/16 and takes ~1 s.
     assert isinstance(later, StartLater)
-    assert later.delay_s == pytest.approx(29 / FPS - 1.0 - 0.06, abs=1e-9)
+    assert later.delay_s == pytest.approx(29 / FPS - 1.0 - MARGIN_S, abs=1e-9)
     stats = c.stats(1.0)
     assert stats.chunks_in_flight == 1 and stats.buffered_s == pytest.approx(13 / FPS)
-    assert stats.latency_s == pytest.approx(1.0) and stats.predicted_start_to_display_s == pytest.approx(1.06)
+    assert stats.latency_s == pytest.approx(1.0) and stats.predicted_start_to_display_s == pytest.approx(1 + MARGIN_S)
 
 
 def test_config_is_validated() -> None:
