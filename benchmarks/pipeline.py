@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.stats import summarize
-from workers.models.camera import ChunkControl
+from workers.controls import ChunkControl
 from workers.models.presets import PRESETS
 from workers.runtime.engine import PipelineEngine
 from workers.runtime.placement import PLACEMENTS, get_placement

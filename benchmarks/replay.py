@@ -36,9 +36,9 @@ import torch
 from benchmarks.stats import environment, peak_rss_bytes, summarize
 from benchmarks.trace import Trace, TraceReplayer
 from benchmarks.video import Mp4Writer
-from workers.chunk_geometry import chunk_first_frame
+from workers.chunk_geometry import chunk_first_frame, chunk_num_frames
+from workers.controls import ChunkControl
 from workers.images import fit_image, read_image
-from workers.models.camera import ChunkControl
 from workers.models.presets import DEFAULT_PRESET, PRESETS, ModelPreset
 from workers.runtime.placement import PLACEMENTS, Placement, get_placement
 from workers.runtime.synthetic import SYNTHETIC, resolve_model
@@ -306,7 +306,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     steady_frames = sum(c["num_frames"] for c in steady)
     num_frames = sum(c["num_frames"] for c in chunks)
     periods = [b["frames_ready_s"] - a["frames_ready_s"] for a, b in itertools.pairwise(chunks)]
-    chunk_media_s = 4 * (args.chunk_frames or preset.chunk_latent_frames) / preset.fps
+    chunk_media_s = chunk_num_frames(1, args.chunk_frames or preset.chunk_latent_frames) / preset.fps
     steady_wall = chunks[-1]["frames_ready_s"] - chunks[0]["frames_ready_s"] if len(chunks) > 1 else 0.0
     stage_report = meta.pop("stage_report")
     report: dict[str, Any] = {

@@ -4,7 +4,9 @@
 
 `delay_s` is the wait before an event, counted from the previous event (so a trace replays as a
 sequence of sleeps, the way a client would send it). A chunk takes the control state in force at
-its start time on the media clock: every event at or before that time has been applied.
+its start time on the media clock: every event at or before that time has been applied. Control
+messages are validated when the trace loads (`workers/controls.py`); other messages (`stop`,
+`prompt`, `ping`) are kept for clients to send and do not steer.
 """
 
 from __future__ import annotations
@@ -16,14 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workers.controls import ControlState
-from workers.models.camera import ChunkControl
+from workers.controls import CONTROL_TYPES, ChunkControl, ControlError, ControlMessage, ControlState, parse_control
 
 
 @dataclass(frozen=True)
 class TraceEvent:
     at_s: float  # absolute time on the media clock
-    message: dict[str, Any]
+    message: dict[str, Any]  # as written: what a client sends
+    control: ControlMessage | None = None  # the message, validated, if it steers
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,12 @@ class Trace:
             if not isinstance(delay, int | float) or not math.isfinite(delay) or delay < 0:
                 raise ValueError(f"trace event {i}: delay_s must be a non-negative number")
             clock += float(delay)
-            events.append(TraceEvent(at_s=clock, message=item["message"]))
+            message = item["message"]
+            try:
+                control = parse_control(message) if message.get("type") in CONTROL_TYPES else None
+            except ControlError as exc:
+                raise ValueError(f"trace event {i}: {exc}") from None
+            events.append(TraceEvent(at_s=clock, message=message, control=control))
         return Trace(tuple(events))
 
     @staticmethod
@@ -60,8 +67,8 @@ class Trace:
         rng = random.Random(seed)
         events, t = [], 0.0
         while t < duration_s:
-            keys = rng.choice(WALK_KEYS)
-            events.append(TraceEvent(at_s=t, message={"type": "control_state", "controls": list(keys)}))
+            message = {"type": "control_state", "controls": list(rng.choice(WALK_KEYS))}
+            events.append(TraceEvent(at_s=t, message=message, control=parse_control(message)))
             t += rng.uniform(min_gap_s, max_gap_s)
         return Trace(tuple(events))
 
@@ -92,6 +99,8 @@ class TraceReplayer:
     def control_at(self, start_s: float) -> tuple[ChunkControl, bool]:
         events = self.trace.events
         while self._next < len(events) and events[self._next].at_s <= start_s:
-            self.state.apply(events[self._next].message)
+            control = events[self._next].control
+            if control is not None:
+                self.state.apply(control)
             self._next += 1
         return self.state.sample()

@@ -35,7 +35,7 @@ from PIL import Image
 
 from benchmarks.image_metrics import psnr_db, ssim
 from benchmarks.stats import environment
-from workers.models.camera import ChunkControl
+from workers.controls import ChunkControl
 from workers.models.components import load_vae
 from workers.models.presets import DEFAULT_PRESET, PRESETS, get_preset
 from workers.models.vae import WanVAE

@@ -31,7 +31,7 @@ def parse_args(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--placement", help="placement preset or .json (default cpu)")
     p.add_argument("--checkpoint-dir", help="checkpoint directory (default: the preset's built-in weights)")
     p.add_argument("--max-sessions", type=int, help="concurrent sessions (default 2)")
-    p.add_argument("--fps", type=int, help="video frame rate (default 16)")
+    p.add_argument("--fps", type=int, help="video frame rate (default: the model's, 16)")
     p.add_argument("--api-token", help="require this bearer token (mandatory off loopback)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--log-format", default="text", choices=("text", "json"), help="json: one object per line")

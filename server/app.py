@@ -20,6 +20,7 @@ from typing import Annotated, Any
 import numpy as np
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -29,13 +30,21 @@ from server.codecs import set_video_bitrate
 from server.errors import BadRequest, Busy, Loading, NotFound, ServerError, TooLarge, Unauthorized, http_status
 from server.ice import keep_loopback_candidates, use_loopback_candidates, use_udp_port_range
 from server.metrics import LoopLagMonitor, Metrics
-from server.protocol import AnswerResponse, CreateSessionRequest, ErrorBody, OfferRequest, SessionInfo
+from server.protocol import (
+    MAX_CONTROL_MESSAGE_BYTES,
+    MAX_PROMPT_CHARS,
+    AnswerResponse,
+    CreateSessionRequest,
+    ErrorBody,
+    OfferRequest,
+    SessionInfo,
+)
 from server.scenes import scene_names, scene_path
 from server.session import ACTIVE, ServerSession, SessionState
 from server.settings import Settings
 from workers.chunk_geometry import chunk_num_frames
+from workers.controls import ChunkControl, client_contract
 from workers.images import ImageError, fit_image, read_image
-from workers.models.camera import ChunkControl
 from workers.runtime.engine import PipelineEngine
 from workers.runtime.placement import get_placement
 from workers.runtime.synthetic import resolve_model
@@ -61,6 +70,7 @@ class AppState:
             synthetic=synthetic,
         )
         self.placement = placement
+        self.fps = settings.fps or self.preset.fps  # sessions' default frame rate
         self.metrics = Metrics()
         self.lag = LoopLagMonitor(self.metrics)
         self.sessions: dict[str, ServerSession] = {}
@@ -88,7 +98,7 @@ def _warm_up(engine: PipelineEngine, preset: Any) -> None:
 
 def create_app(settings: Settings) -> FastAPI:
     state = AppState(settings)
-    set_video_bitrate(settings.video_bitrate_bps, fps=settings.fps)
+    set_video_bitrate(settings.video_bitrate_bps, fps=state.fps)
     use_loopback_candidates(settings.is_loopback)
     ports = None if settings.udp_port_min is None else (settings.udp_port_min, settings.udp_port_max)
     use_udp_port_range(ports)  # type: ignore[arg-type]
@@ -124,6 +134,13 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="worldrtc", version="0.1.0", lifespan=lifespan)
     app.state.worldrtc = state
     app.add_middleware(BodyLimit, settings=settings)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["authorization", "content-type"],
+        )
 
     # ---- errors: one JSON shape everywhere ----
 
@@ -188,10 +205,18 @@ def create_app(settings: Settings) -> FastAPI:
             "weights": p.weights_note,
             "width": p.width_px,
             "height": p.height_px,
-            "fps": settings.fps,
+            "fps": state.fps,
             "chunk_frames": chunk_num_frames(1, p.chunk_latent_frames),
             "placement": state.placement.name,
             "dispatch": settings.dispatch.value,
+            "controls": client_contract(),
+            "limits": {
+                "control_message_bytes": MAX_CONTROL_MESSAGE_BYTES,
+                "control_rate_per_s": settings.control_rate_per_s,
+                "image_max_bytes": settings.image_max_bytes,
+                "sdp_max_bytes": settings.sdp_max_bytes,
+                "max_prompt_chars": MAX_PROMPT_CHARS,
+            },
             "scenes": [{"name": n, "url": f"/v1/scenes/{n}"} for n in scene_names()],
             "ready": state.ready,
         }

@@ -9,7 +9,7 @@ Schedule. Frame n after the anchor is due at `anchor_s + n / fps`. The anchor is
 frame goes out. RTP pts (90 kHz) advance by exactly 90000 / fps per emitted frame, repeats included,
 so the browser's jitter buffer sees a perfectly regular stream whatever the engine does.
 
-Policies (every buffer has a bound and an overflow policy, DESIGN §1):
+Policies (every buffer has a bound and an overflow policy):
 - Overflow: the queue holds at most `max_frames` (about one chunk); a push beyond that drops the
   oldest queued frames (`dropped`). Latency stays bounded at max_frames / fps.
 - Starvation: the next tick repeats the last frame (`repeated`, frame_index None) and the clock keeps

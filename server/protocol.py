@@ -1,8 +1,8 @@
-"""Wire formats: REST bodies and data-channel messages, validated with pydantic at the boundary.
+"""Wire formats: REST bodies and data-channel messages, both ways, typed and validated at the boundary.
 
-Data channel "control" (JSON text, ≤ 4 KiB, each with `seq` and client time `t` in ms):
+Data channel "control" (JSON text, ≤ 4 KiB; client messages carry `seq` and client time `t` in ms):
 
-client → server
+client → server (the control messages are `workers/controls.py`'s, shared with traces)
     control        {key, action: "press" | "release"}   (aliases: control → key, event → action)
     control_state  {controls: [held keys]}
     look           {dx, dy}                              (mouse-look deltas in pixels)
@@ -11,17 +11,15 @@ client → server
     ping           {}
     stop           {}
 
-server → client
-    ready   {session_id, model, weights, width, height, fps, chunk_frames, dispatch}
-    chunk   {index, first_frame, num_frames, pts_start, pts_end, applied_seq, applied_keys,
-             timings: {encode_s, dit_s, decode_s, queue_s, start_to_pacer_s}}
-    stats   {frames_sent, frames_dropped, frames_repeated, repeats_per_s, chunk_period_p50_s,
-             real_time_factor, fps, dispatch, buffered_ms, chunks_in_flight, predicted_latency_s,
-             predicted_control_to_frame_s, control_to_frame_p50_s, start_to_pacer_quantile_s,
-             start_to_pacer_p50_s, dispatch_lateness_s}
-    error   {code, message}
-    pong    {seq, t, server_t}
-    done    {reason}
+server → client (the models below)
+    ready   ReadyMsg    geometry, model, dispatch, and the control vocabulary
+    chunk   ChunkMsg    one per generated chunk: frames, pts (per part), applied controls, timings
+    stats   StatsMsg    every stats interval: delivery, buffer, latency
+    error   ErrorMsg    {code, message}
+    pong    PongMsg     {seq, t, server_t}
+    done    DoneMsg     {reason}
+
+Nothing here imports torch or model code: parsing, validating and routing a message needs none.
 """
 
 from __future__ import annotations
@@ -32,10 +30,16 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from server.dispatch import DispatchPolicy
+from workers.controls import (
+    CONTROL_TYPES,
+    ControlMsg,
+    ControlStateMsg,
+    LookMsg,
+    ResetPoseMsg,
+    first_error,
+)
 
 MAX_CONTROL_MESSAGE_BYTES = 4096
-MAX_KEYS = 32
-MAX_KEY_NAME = 32
 MAX_PROMPT_CHARS = 2000
 
 
@@ -51,40 +55,9 @@ class ProtocolError(ValueError):
 
 
 class _ClientMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True, frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
     seq: int | None = None
     t: float | None = None  # client clock, ms
-
-
-class ControlMsg(_ClientMessage):
-    type: Literal["control"]
-    key: Annotated[str, Field(max_length=MAX_KEY_NAME, validation_alias="key")]
-    action: Literal["press", "release"]
-
-    @classmethod
-    def normalise(cls, raw: dict[str, Any]) -> dict[str, Any]:
-        # TeleFuser's event form names the fields control/event.
-        out = dict(raw)
-        if "key" not in out and "control" in out:
-            out["key"] = out.pop("control")
-        if "action" not in out and "event" in out:
-            out["action"] = out.pop("event")
-        return out
-
-
-class ControlStateMsg(_ClientMessage):
-    type: Literal["control_state"]
-    controls: Annotated[list[Annotated[str, Field(max_length=MAX_KEY_NAME)]], Field(max_length=MAX_KEYS)]
-
-
-class LookMsg(_ClientMessage):
-    type: Literal["look"]
-    dx: Annotated[float, Field(allow_inf_nan=False, ge=-10_000, le=10_000)] = 0.0
-    dy: Annotated[float, Field(allow_inf_nan=False, ge=-10_000, le=10_000)] = 0.0
-
-
-class ResetPoseMsg(_ClientMessage):
-    type: Literal["reset_pose"]
 
 
 class PromptMsg(_ClientMessage):
@@ -100,17 +73,12 @@ class StopMsg(_ClientMessage):
     type: Literal["stop"]
 
 
-ClientMessage = Annotated[
-    ControlMsg | ControlStateMsg | LookMsg | ResetPoseMsg | PromptMsg | PingMsg | StopMsg,
-    Field(discriminator="type"),
-]
-_CLIENT = TypeAdapter(ClientMessage)
-KNOWN_TYPES = ("control", "control_state", "look", "reset_pose", "prompt", "ping", "stop")
+ClientMessage = ControlMsg | ControlStateMsg | LookMsg | ResetPoseMsg | PromptMsg | PingMsg | StopMsg
+_CLIENT = TypeAdapter(Annotated[ClientMessage, Field(discriminator="type")])
+KNOWN_TYPES = (*CONTROL_TYPES, "prompt", "ping", "stop")
 
 
-def parse_client_message(
-    data: str | bytes,
-) -> ControlMsg | ControlStateMsg | LookMsg | ResetPoseMsg | PromptMsg | PingMsg | StopMsg:
+def parse_client_message(data: str | bytes) -> ClientMessage:
     """Raw data-channel payload -> typed message, or ProtocolError with a code the client can act on."""
     size = len(data.encode() if isinstance(data, str) else data)
     if size > MAX_CONTROL_MESSAGE_BYTES:
@@ -124,19 +92,88 @@ def parse_client_message(
     kind = raw.get("type")
     if kind not in KNOWN_TYPES:
         raise ProtocolError("unknown_type", f"unknown message type {kind!r}; expected one of {list(KNOWN_TYPES)}")
-    if kind == "control":
-        raw = ControlMsg.normalise(raw)
     try:
         return _CLIENT.validate_python(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"][1:]) or kind
-        raise ProtocolError("bad_message", f"{kind}: {where}: {first['msg']}") from None
+        raise ProtocolError("bad_message", first_error(exc, kind)) from None
 
 
-def as_control_dict(msg: _ClientMessage) -> dict[str, Any]:
-    """The dict form that workers.controls.ControlState applies (validated already)."""
-    return msg.model_dump(exclude_none=True)
+# ---- server -> client (data channel) ----
+
+
+class _ServerMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+
+class ReadyMsg(_ServerMessage):
+    type: Literal["ready"] = "ready"
+    session_id: str
+    model: str
+    weights: str
+    width: int
+    height: int
+    fps: int
+    chunk_frames: int  # video frames per chunk (the first chunk has 3 fewer)
+    dispatch: str
+    controls: dict[str, Any]  # workers.controls.client_contract()
+
+
+class ChunkMsg(_ServerMessage):
+    type: Literal["chunk"] = "chunk"
+    index: int
+    first_frame: int  # index of the chunk's first frame in the session's video
+    num_frames: int
+    pts_start: int  # 90 kHz pts of the chunk's first frame
+    pts_end: int
+    parts: list[tuple[int, int, int]]  # (first_frame, pts_start, num_frames) of each part as paced
+    applied_seq: int | None  # the last control message folded into this chunk's controls
+    applied_keys: list[str]
+    timings: dict[str, float | None]  # {stage}_s busy, queue_s, start_to_pacer_s
+    stages: dict[str, tuple[float, float]]  # stage -> (dispatch, done), s since the session opened
+
+
+class StatsMsg(_ServerMessage):
+    type: Literal["stats"] = "stats"
+    fps: int
+    dispatch: str
+    frames_sent: int
+    frames_dropped: int
+    frames_repeated: int
+    repeats_per_s: float
+    chunk_period_p50_s: float | None
+    real_time_factor: float | None
+    buffered_ms: float
+    chunks_in_flight: int
+    predicted_latency_s: float | None  # a chunk's start -> its first frame on screen
+    predicted_control_to_frame_s: float | None  # + half a chunk's wait for the next start
+    control_to_frame_p50_s: float | None  # measured: control arrival -> its first frame sent
+    start_to_pacer_quantile_s: float | None
+    start_to_pacer_p50_s: float | None
+    dispatch_lateness_s: float
+
+
+class ErrorMsg(_ServerMessage):
+    type: Literal["error"] = "error"
+    code: str
+    message: str
+
+
+class PongMsg(_ServerMessage):
+    type: Literal["pong"] = "pong"
+    seq: int | None
+    t: float | None
+    server_t: float  # ms since the epoch
+
+
+class DoneMsg(_ServerMessage):
+    type: Literal["done"] = "done"
+    reason: str
+
+
+ServerMessage = ReadyMsg | ChunkMsg | StatsMsg | ErrorMsg | PongMsg | DoneMsg
 
 
 # ---- REST ----

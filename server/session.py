@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import secrets
 import threading
@@ -38,18 +37,23 @@ from server.errors import BadRequest, Conflict
 from server.metrics import Metrics
 from server.pacer import Pacer
 from server.protocol import (
+    ChunkMsg,
+    DoneMsg,
+    ErrorMsg,
     PingMsg,
+    PongMsg,
     PromptMsg,
     ProtocolError,
+    ReadyMsg,
+    ServerMessage,
+    StatsMsg,
     StopMsg,
-    as_control_dict,
     parse_client_message,
 )
 from server.settings import Settings
 from server.video_track import PacedVideoTrack
 from workers.chunk_geometry import chunk_num_frames
-from workers.controls import ControlError, ControlState
-from workers.models.camera import ChunkControl
+from workers.controls import ChunkControl, ControlState, client_contract
 from workers.models.presets import ModelPreset
 from workers.runtime.engine import ChunkOutput, Hold, PipelineEngine
 
@@ -91,7 +95,7 @@ class ServerSession:
         self.engine, self.preset, self.settings, self.metrics = engine, preset, settings, metrics
         self.image, self.prompt, self.seed = image, prompt, seed
         self.max_duration_s = max_duration_s or settings.max_session_s
-        self.fps = fps or settings.fps
+        self.fps = fps or settings.fps or preset.fps
         self.chunk_latent_frames = chunk_latent_frames or preset.chunk_latent_frames
         self.state = SessionState.CREATED
         self.created_t = time.monotonic()
@@ -189,8 +193,9 @@ class ServerSession:
         self.state = SessionState.CLOSING
         if failed:
             self.error = reason
-        self._send({"type": "error", "code": "session_failed", "message": reason} if failed else None)
-        self._send({"type": "done", "reason": reason})
+        if failed:
+            self._send(ErrorMsg(code="session_failed", message=reason))
+        self._send(DoneMsg(reason=reason))
         if self.engine_session is not None:
             self.engine.close_session(self.engine_session)
         if self.track is not None:
@@ -249,17 +254,17 @@ class ServerSession:
             return
         p = self.preset
         self._send(
-            {
-                "type": "ready",
-                "session_id": self.id,
-                "model": p.name,
-                "weights": p.weights_note,
-                "width": p.width_px,
-                "height": p.height_px,
-                "fps": self.fps,
-                "chunk_frames": chunk_num_frames(1, self.chunk_latent_frames),
-                "dispatch": self.dispatch.config.policy.value,
-            }
+            ReadyMsg(
+                session_id=self.id,
+                model=p.name,
+                weights=p.weights_note,
+                width=p.width_px,
+                height=p.height_px,
+                fps=self.fps,
+                chunk_frames=chunk_num_frames(1, self.chunk_latent_frames),
+                dispatch=self.dispatch.config.policy.value,
+                controls=client_contract(),
+            )
         )
         self._open_t = time.monotonic()
         self._open_perf_t = time.perf_counter()  # the engine's clock: chunk stage times count from here
@@ -293,18 +298,14 @@ class ServerSession:
             self._send_error(exc.code, str(exc))
             return
         if isinstance(msg, PingMsg):
-            self._send({"type": "pong", "seq": msg.seq, "t": msg.t, "server_t": time.time() * 1000})
+            self._send(PongMsg(seq=msg.seq, t=msg.t, server_t=time.time() * 1000))
         elif isinstance(msg, StopMsg):
             self._spawn(self.close("stopped by client"), "close")
         elif isinstance(msg, PromptMsg):
             self.prompt = msg.text  # the conditioning of a running session is fixed; used by the next one
         else:
-            try:
-                with self._lock:
-                    self._controls.apply(as_control_dict(msg))
-            except ControlError as exc:
-                self._send_error("bad_control", str(exc))
-                return
+            with self._lock:
+                self._controls.apply(msg)  # validated once, by parse_client_message
             if msg.seq is not None:
                 self._control_times.append((msg.seq, now))
 
@@ -370,30 +371,27 @@ class ServerSession:
         step = self.pacer.pts_step
         _, last_pts, last_n = parts[-1]
         self._send(
-            {
-                "type": "chunk",
-                "index": out.index,
-                "first_frame": parts[0][0],
-                "num_frames": sum(p[2] for p in parts),
-                "pts_start": parts[0][1],
-                "pts_end": last_pts + (last_n - 1) * step,
-                # [first_frame, pts_start, num_frames] of each part as the pacer got it: exact pts
-                # even if the pacer had to repeat a frame between two parts.
-                "parts": parts,
-                "applied_seq": rec.control.seq if rec.control is not None else None,
-                "applied_keys": sorted(rec.control.keys) if rec.control is not None else [],
-                "timings": {f"{s.value}_s": tm.busy_s for s, tm in rec.stages.items()}
+            ChunkMsg(
+                index=out.index,
+                first_frame=parts[0][0],
+                num_frames=sum(p[2] for p in parts),
+                pts_start=parts[0][1],
+                pts_end=last_pts + (last_n - 1) * step,
+                # Each part as the pacer got it: exact pts even if it repeated a frame between two parts.
+                parts=parts,
+                applied_seq=rec.control.seq if rec.control is not None else None,
+                applied_keys=sorted(rec.control.keys) if rec.control is not None else [],
+                timings={f"{s.value}_s": tm.busy_s for s, tm in rec.stages.items()}
                 | {
                     "queue_s": sum((tm.queue_wait_s or 0.0) for tm in rec.stages.values()),
                     "start_to_pacer_s": start_to_pacer,
                 },
-                # [dispatch, done] per stage, seconds since the session opened: shows the overlap.
-                "stages": {
-                    s.value: [tm.dispatch_t - self._open_perf_t, tm.done_t - self._open_perf_t]
+                stages={
+                    s.value: (tm.dispatch_t - self._open_perf_t, tm.done_t - self._open_perf_t)
                     for s, tm in rec.stages.items()
                     if tm.dispatch_t is not None and tm.done_t is not None
                 },
-            }
+            )
         )
 
     def _on_emit(self, chunk_index: int, frame_index: int, emit_t: float) -> None:
@@ -444,28 +442,27 @@ class ServerSession:
                 d = self.dispatch.stats(time.monotonic())
             chunk_media_s = self.dispatch.config.chunk_media_s
             self._send(
-                {
-                    "type": "stats",
-                    "frames_sent": p.sent,
-                    "frames_dropped": p.dropped,
-                    "frames_repeated": p.repeated,
-                    "repeats_per_s": repeats_per_s,
-                    "chunk_period_p50_s": info["chunk_period_p50_s"],
-                    "real_time_factor": info["real_time_factor"],
-                    "fps": self.fps,
-                    "dispatch": d.policy,
-                    "buffered_ms": 1000 * d.buffered_s,
-                    "chunks_in_flight": d.chunks_in_flight,
-                    "predicted_latency_s": d.predicted_start_to_display_s,
-                    "start_to_pacer_quantile_s": d.latency_s,
-                    "start_to_pacer_p50_s": d.measured_latency_p50_s,
-                    "dispatch_lateness_s": d.lateness_s,
+                StatsMsg(
+                    fps=self.fps,
+                    dispatch=d.policy,
+                    frames_sent=p.sent,
+                    frames_dropped=p.dropped,
+                    frames_repeated=p.repeated,
+                    repeats_per_s=repeats_per_s,
+                    chunk_period_p50_s=info["chunk_period_p50_s"],
+                    real_time_factor=info["real_time_factor"],
+                    buffered_ms=1000 * d.buffered_s,
+                    chunks_in_flight=d.chunks_in_flight,
+                    predicted_latency_s=d.predicted_start_to_display_s,
                     # A control waits for the next chunk start: half a chunk period on average.
-                    "predicted_control_to_frame_s": None
+                    predicted_control_to_frame_s=None
                     if d.predicted_start_to_display_s is None
                     else chunk_media_s / 2 + d.predicted_start_to_display_s,
-                    "control_to_frame_p50_s": info["control_to_frame_p50_s"],
-                }
+                    control_to_frame_p50_s=info["control_to_frame_p50_s"],
+                    start_to_pacer_quantile_s=d.latency_s,
+                    start_to_pacer_p50_s=d.measured_latency_p50_s,
+                    dispatch_lateness_s=d.lateness_s,
+                )
             )
 
     async def _expire(self, after_s: float) -> None:
@@ -486,15 +483,15 @@ class ServerSession:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _send(self, message: dict[str, Any] | None) -> None:
-        if message is None or self.channel is None or self.channel.readyState != "open":
+    def _send(self, message: ServerMessage) -> None:
+        if self.channel is None or self.channel.readyState != "open":
             return
         with contextlib.suppress(Exception):  # a channel closing under us is not an error worth raising
-            self.channel.send(json.dumps(message))
+            self.channel.send(message.to_json())
 
     def _send_error(self, code: str, message: str) -> None:
         self.metrics.errors.labels(code).inc()
-        self._send({"type": "error", "code": code, "message": message})
+        self._send(ErrorMsg(code=code, message=message))
 
 
 def _median(samples: deque[float]) -> float | None:

@@ -23,16 +23,17 @@ class Settings(BaseSettings):
     checkpoint_dir: str | None = None
     weights_seed: int = 0
     max_sessions: int = Field(default=2, ge=1)
-    fps: int = Field(default=16, ge=1, le=60)
+    fps: int | None = Field(default=None, ge=1, le=60)  # video frame rate; None: the model's
     dispatch: DispatchPolicy = DispatchPolicy.JIT  # when a viewer's next chunk starts (server/dispatch.py)
     api_token: str | None = None
+    # Browser origins (scheme://host:port) other than the server's own that may call the API; empty: none.
     cors_origins: list[str] = Field(default_factory=list)
     # WebRTC: nothing reaches outside by default. Each entry is an RTCIceServer-like dict.
     ice_servers: list[dict[str, object]] = Field(default_factory=list)
     udp_port_min: int | None = Field(default=None, ge=1, le=65535)
     udp_port_max: int | None = Field(default=None, ge=1, le=65535)
     video_bitrate_bps: int = Field(default=1_500_000, ge=100_000, le=50_000_000)
-    # Limits (DESIGN §7).
+    # Limits: every wait, body and message rate has one (README "Server").
     offer_timeout_s: float = 30.0
     ice_timeout_s: float = 15.0
     heartbeat_interval_s: float = 1.0

@@ -1,18 +1,17 @@
 // worldrtc browser client: start a session, receive the generated world over WebRTC, steer it with
 // keys and mouse over the "control" data channel, and show what the stream is doing in a HUD.
-// Plain JS, no build step, no external requests. Wire formats: server/protocol.py, DESIGN.md §5.
+// Plain JS, no build step, no external requests. Wire formats: server/protocol.py; the control keys and
+// limits come from the server (GET /v1/model: `controls`, `limits`), so nothing here copies them.
 "use strict";
 
 (() => {
-  // ---- limits (DESIGN.md §7) ----
-  const MAX_IMAGE_BYTES = 10 * 1024 * 1024;
+  // ---- client timings (the server's limits arrive with GET /v1/model) ----
   const PING_INTERVAL_MS = 1000; // the server closes sessions silent for 5 s
   const LOST_GRACE_MS = 3000; // pc "disconnected"/"failed" this long counts as a lost connection
   const ICE_GATHER_TIMEOUT_MS = 5000; // no trickle: wait for gathering, but not forever
   const CONNECT_TIMEOUT_MS = 20000; // answer applied → control channel open (the server's ICE limit is 15 s)
   const FIRST_FRAME_TIMEOUT_MS = 90000; // channel open → first frame: model compute, generous for big models
   const LOOK_MIN_INTERVAL_MS = 33; // ≤ 30 look messages/s, well under the 120 messages/s limit
-  const MAX_LOOK_PX = 10000;
   const RECONNECT_DELAYS_MS = [1000, 2000, 4000];
   const RECONNECT_RESET_AFTER_MS = 10000; // a session that streamed this long earns fresh reconnect attempts
   const G2G_WINDOW = 50;
@@ -23,15 +22,22 @@
   const VIDEO_CLOCK_HZ = 90000;
   const PTS_SLACK_FRAMES = 8; // pacer's extra 4 frames + jitter buffer and decode
 
-  // Physical key (event.code, layout independent) → the camera key the server understands.
-  const KEY_MAP = {
-    KeyW: "w", ArrowUp: "w",
-    KeyA: "a", ArrowLeft: "a",
-    KeyS: "s", ArrowDown: "s",
-    KeyD: "d", ArrowRight: "d",
-    KeyI: "i", KeyJ: "j", KeyK: "k", KeyL: "l",
-  };
   const RESET_CODE = "KeyR";
+
+  // Physical key (event.code, layout independent, lower-cased) → the camera key the server
+  // understands, and the server's limits: both from GET /v1/model.
+  let keyMap = {};
+  let maxLookPx = 0;
+  let maxImageBytes = 0;
+
+  function adoptContract(info) {
+    const c = info.controls;
+    keyMap = {};
+    for (const k of [...c.move_keys, ...c.turn_keys]) keyMap[`key${k}`] = k;
+    Object.assign(keyMap, c.key_aliases); // e.g. arrowup → w
+    maxLookPx = c.max_look_px;
+    maxImageBytes = info.limits.image_max_bytes;
+  }
 
   const $ = (id) => document.getElementById(id);
   const el = {
@@ -186,6 +192,7 @@
     clearTimeout(modelRetryTimer);
     try {
       modelInfo = await api("GET", "/v1/model");
+      adoptContract(modelInfo);
     } catch (err) {
       if (err instanceof ApiError && err.status === 401) {
         el.modelName.textContent = "this server needs an API token";
@@ -282,8 +289,9 @@
       showMessage(`"${file.name}" is not a PNG or JPEG image.`, true);
       return;
     }
-    if (file.size > MAX_IMAGE_BYTES) {
-      showMessage(`"${file.name}" is ${(file.size / 1048576).toFixed(1)} MiB; the limit is 10 MiB.`, true);
+    if (file.size > maxImageBytes) {
+      const mib = (n) => (n / 1048576).toFixed(1);
+      showMessage(`"${file.name}" is ${mib(file.size)} MiB; the limit is ${mib(maxImageBytes)} MiB.`, true);
       return;
     }
     const reader = new FileReader();
@@ -696,7 +704,7 @@
 
   // ---------------------------------------------------------------- frames, fps, glass-to-glass
   //
-  // Glass-to-glass control latency (DESIGN §6 control_to_frame_s, client side). Method:
+  // Glass-to-glass control latency (control_to_frame_s, client side). Method:
   // 1. Every key change (press, release, control_state on blur, reset_pose) is a probe {seq, sentAt}
   //    (sentAt = performance.now() when sent; also the message's `t`).
   // 2. The server echoes with each chunk the last control seq it had folded in when it sampled that
@@ -868,7 +876,7 @@
       if (!ev.repeat) probe(s, send(s, { type: "reset_pose" }));
       return;
     }
-    const key = KEY_MAP[code] || KEY_MAP[`Key${(ev.key || "").toUpperCase()}`];
+    const key = keyMap[code.toLowerCase()] || keyMap[`key${(ev.key || "").toLowerCase()}`];
     if (!key) return;
     ev.preventDefault(); // no page scrolling on arrows
     if (ev.repeat || s.heldCodes.has(code)) return;
@@ -918,7 +926,7 @@
   function flushLook(s, now) {
     const look = s.look;
     if ((look.dx === 0 && look.dy === 0) || now - look.lastSent < LOOK_MIN_INTERVAL_MS) return;
-    const clamp = (v) => Math.max(-MAX_LOOK_PX, Math.min(MAX_LOOK_PX, v));
+    const clamp = (v) => Math.max(-maxLookPx, Math.min(maxLookPx, v));
     if (send(s, { type: "look", dx: clamp(look.dx), dy: clamp(look.dy) })) {
       look.dx = 0;
       look.dy = 0;

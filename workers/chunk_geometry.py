@@ -10,10 +10,15 @@ from __future__ import annotations
 VAE_TIME_STRIDE = 4
 
 
-def chunk_num_frames(chunk_index: int, chunk_latent_frames: int) -> int:
-    """Video frames in chunk `chunk_index` (4C − 3 for the first, 4C after)."""
+def video_frames(chunk_latent_frames: int, first_chunk: bool) -> int:
+    """Video frames a chunk of C latent frames decodes to: 4C, or 4C − 3 for the session's first."""
     full = VAE_TIME_STRIDE * chunk_latent_frames
-    return full - (VAE_TIME_STRIDE - 1) if chunk_index == 0 else full
+    return full - (VAE_TIME_STRIDE - 1) if first_chunk else full
+
+
+def chunk_num_frames(chunk_index: int, chunk_latent_frames: int) -> int:
+    """Video frames in chunk `chunk_index` of a session."""
+    return video_frames(chunk_latent_frames, first_chunk=chunk_index == 0)
 
 
 def chunk_first_frame(chunk_index: int, chunk_latent_frames: int) -> int:

@@ -1,24 +1,128 @@
-"""Latest-wins control state, folded from client control messages and sampled once per chunk.
+"""The control vocabulary, shared by the server, the runtime, clients and traces (no torch here).
 
-Messages use the TeleFuser event form (DESIGN §5): `control` {key, action: press|release}
-(`control`/`event` accepted as aliases of `key`/`action`), `control_state` {controls: [keys]},
-`look` {dx, dy}, `reset_pose`. Other message types (`prompt`, `ping`, `stop`) do not change the
-camera and are ignored here. Mouse deltas accumulate until a chunk samples them.
+- Keys: W/S forward/back, A/D strafe (the arrow keys alias them), J/L yaw, I/K pitch; browser names
+  ('KeyW', 'ArrowUp', 'W') fold onto those canonical names, and keys that do not steer are ignored.
+- `ChunkControl`: the controls applied to one chunk, sampled when the DiT starts it.
+- Control messages in the TeleFuser event form, typed and validated once where they enter (the data
+  channel, a trace file): `control` {key, action: press|release} (`control`/`event` accepted as
+  aliases of `key`/`action`), `control_state` {controls: [keys]}, `look` {dx, dy} in pixels,
+  `reset_pose`. Each may carry the client's `seq` and `t` (ms).
+- `ControlState`: latest-wins folding of those messages; mouse deltas accumulate until a chunk
+  samples them.
+
+`client_contract()` is what the server publishes (GET /v1/model) so clients need no copies of it.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from workers.models.camera import ChunkControl, canonical_key
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+# Canonical keys: (right, forward) per move key, (yaw, pitch) per turn key; aliases from browsers.
+MOVE_KEYS: dict[str, tuple[float, float]] = {"w": (0.0, 1.0), "s": (0.0, -1.0), "a": (-1.0, 0.0), "d": (1.0, 0.0)}
+TURN_KEYS: dict[str, tuple[float, float]] = {"j": (-1.0, 0.0), "l": (1.0, 0.0), "i": (0.0, 1.0), "k": (0.0, -1.0)}
+KEY_ALIASES = {"arrowup": "w", "arrowdown": "s", "arrowleft": "a", "arrowright": "d"}
 
 MAX_LOOK_PX = 10_000.0  # per message; larger deltas are a client bug, not a fast flick
+MAX_KEYS = 32  # keys in one control_state
+MAX_KEY_NAME = 32  # characters in a key name
+
+
+def canonical_key(name: str) -> str | None:
+    """'W', 'KeyW', 'ArrowUp' -> 'w'; None for keys that do not steer the camera."""
+    key = name.strip().lower()
+    if key.startswith("key") and len(key) == 4:
+        key = key[3:]
+    key = KEY_ALIASES.get(key, key)
+    return key if key in MOVE_KEYS or key in TURN_KEYS else None
+
+
+@dataclass(frozen=True)
+class ChunkControl:
+    """The controls applied to one chunk: held keys plus mouse-look deltas summed since the last chunk."""
+
+    keys: frozenset[str] = field(default_factory=frozenset)
+    look_dx_px: float = 0.0
+    look_dy_px: float = 0.0
+    seq: int | None = None  # the last client control message folded into this state
+
+    @staticmethod
+    def from_keys(keys: list[str] | set[str] | frozenset[str], seq: int | None = None) -> ChunkControl:
+        canonical = {k for k in (canonical_key(n) for n in keys) if k is not None}
+        return ChunkControl(keys=frozenset(canonical), seq=seq)
 
 
 class ControlError(ValueError):
-    """A control message that cannot be applied."""
+    """A control message that is not valid; the message says what is wrong."""
+
+
+# ---- typed control messages ----
+
+
+class _Message(BaseModel):
+    # Strict: "5" is not a number and 9.0 is not a seq; unknown fields are ignored.
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+    seq: int | None = None
+    t: float | None = None  # the client's clock, ms
+
+
+class ControlMsg(_Message):
+    type: Literal["control"]
+    key: Annotated[str, Field(max_length=MAX_KEY_NAME)]
+    action: Literal["press", "release"]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _telefuser_names(cls, raw: Any) -> Any:
+        # TeleFuser's event form names the fields control/event.
+        if isinstance(raw, dict) and ("control" in raw or "event" in raw):
+            raw = dict(raw)
+            raw.setdefault("key", raw.pop("control", None))
+            raw.setdefault("action", raw.pop("event", None))
+        return raw
+
+
+class ControlStateMsg(_Message):
+    type: Literal["control_state"]
+    controls: Annotated[list[Annotated[str, Field(max_length=MAX_KEY_NAME)]], Field(max_length=MAX_KEYS)]
+
+
+LookDelta = Annotated[float, Field(allow_inf_nan=False, ge=-MAX_LOOK_PX, le=MAX_LOOK_PX)]
+
+
+class LookMsg(_Message):
+    type: Literal["look"]
+    dx: LookDelta = 0.0
+    dy: LookDelta = 0.0
+
+
+class ResetPoseMsg(_Message):
+    type: Literal["reset_pose"]
+
+
+ControlMessage = ControlMsg | ControlStateMsg | LookMsg | ResetPoseMsg
+CONTROL_TYPES = ("control", "control_state", "look", "reset_pose")
+_CONTROL = TypeAdapter(Annotated[ControlMessage, Field(discriminator="type")])
+
+
+def first_error(exc: ValidationError, kind: str) -> str:
+    """One readable line for the first thing wrong with a message of type `kind`."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"][1:]) or kind
+    return f"{kind}: {where}: {first['msg']}"
+
+
+def parse_control(raw: dict[str, Any]) -> ControlMessage:
+    """A control message (of CONTROL_TYPES) from its JSON object; ControlError says what is wrong."""
+    try:
+        return _CONTROL.validate_python(raw)
+    except ValidationError as exc:
+        raise ControlError(first_error(exc, str(raw.get("type")))) from None
+
+
+# ---- folding ----
 
 
 @dataclass
@@ -29,37 +133,23 @@ class ControlState:
     last_seq: int | None = None
     reset_requested: bool = False
 
-    def apply(self, message: dict[str, Any]) -> None:
-        kind = message.get("type")
-        if kind == "control":
-            name = message.get("key", message.get("control"))
-            action = message.get("action", message.get("event"))
-            if not isinstance(name, str) or action not in ("press", "release"):
-                raise ControlError("control needs a string 'key' and 'action' of press|release")
-            key = canonical_key(name)
-            if key is not None:
-                if action == "press":
-                    self.held.add(key)
-                else:
-                    self.held.discard(key)
-        elif kind == "control_state":
-            controls = message.get("controls")
-            if not isinstance(controls, list) or not all(isinstance(k, str) for k in controls):
-                raise ControlError("control_state needs 'controls': a list of key names")
-            self.held = {k for k in (canonical_key(n) for n in controls) if k is not None}
-        elif kind == "look":
-            dx, dy = message.get("dx", 0.0), message.get("dy", 0.0)
-            if not all(isinstance(v, int | float) and math.isfinite(v) and abs(v) <= MAX_LOOK_PX for v in (dx, dy)):
-                raise ControlError(f"look needs finite numeric 'dx'/'dy' within ±{MAX_LOOK_PX:g}")
-            self.look_dx_px += float(dx)
-            self.look_dy_px += float(dy)
-        elif kind == "reset_pose":
-            self.reset_requested = True
+    def apply(self, msg: ControlMessage) -> None:
+        """Fold one (validated) control message in."""
+        if isinstance(msg, ControlMsg):
+            key = canonical_key(msg.key)
+            if key is not None and msg.action == "press":
+                self.held.add(key)
+            elif key is not None:
+                self.held.discard(key)
+        elif isinstance(msg, ControlStateMsg):
+            self.held = {k for k in (canonical_key(n) for n in msg.controls) if k is not None}
+        elif isinstance(msg, LookMsg):
+            self.look_dx_px += msg.dx
+            self.look_dy_px += msg.dy
         else:
-            return
-        seq = message.get("seq")
-        if isinstance(seq, int):
-            self.last_seq = seq
+            self.reset_requested = True
+        if msg.seq is not None:
+            self.last_seq = msg.seq
 
     def sample(self) -> tuple[ChunkControl, bool]:
         """The control for the next chunk, and whether a pose reset was asked for; consumes deltas."""
@@ -70,3 +160,15 @@ class ControlState:
         self.look_dx_px = self.look_dy_px = 0.0
         self.reset_requested = False
         return control, reset
+
+
+def client_contract() -> dict[str, Any]:
+    """The control vocabulary and limits as clients need them (published by GET /v1/model)."""
+    return {
+        "move_keys": sorted(MOVE_KEYS),
+        "turn_keys": sorted(TURN_KEYS),
+        "key_aliases": dict(KEY_ALIASES),
+        "max_look_px": MAX_LOOK_PX,
+        "max_keys": MAX_KEYS,
+        "max_key_name": MAX_KEY_NAME,
+    }

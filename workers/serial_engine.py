@@ -19,9 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from workers.controls import ChunkControl
 from workers.determinism import DEFAULT_CPU_THREADS, intra_op_threads
 from workers.images import fit_image, read_image, to_model_range
-from workers.models.camera import CameraMotion, CameraTrack, ChunkControl
+from workers.models.camera import CameraMotion, CameraTrack
 from workers.models.components import load_dit, load_text_encoder, load_vae
 from workers.models.dit import WanDiT
 from workers.models.presets import ModelPreset, get_preset

@@ -5,17 +5,17 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from server.protocol import (
-    ControlMsg,
-    ControlStateMsg,
-    LookMsg,
+    ChunkMsg,
     PingMsg,
     ProtocolError,
-    as_control_dict,
+    ReadyMsg,
     parse_client_message,
 )
-from workers.controls import ControlState
+from workers.controls import ControlMsg, ControlState, ControlStateMsg, LookMsg
 
 
 def test_messages_parse_to_types() -> None:
@@ -32,7 +32,9 @@ def test_messages_parse_to_types() -> None:
 def test_parsed_messages_drive_the_control_state() -> None:
     state = ControlState()
     for raw in ('{"type":"control","key":"w","action":"press","seq":1}', '{"type":"look","dx":10,"seq":2}'):
-        state.apply(as_control_dict(parse_client_message(raw)))
+        msg = parse_client_message(raw)
+        assert isinstance(msg, ControlMsg | LookMsg)
+        state.apply(msg)
     control, reset = state.sample()
     assert control.keys == frozenset({"w"}) and control.look_dx_px == 10 and control.seq == 2 and not reset
 
@@ -58,3 +60,60 @@ def test_bad_messages_get_codes(raw: str, code: str) -> None:
         parse_client_message(raw)
     assert info.value.code == code
     assert str(info.value)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(st.one_of(st.text(max_size=200), st.binary(max_size=200)))
+def test_any_payload_parses_or_gets_a_code(data: str | bytes) -> None:
+    try:
+        parse_client_message(data)
+    except ProtocolError as exc:
+        assert exc.code in {"bad_json", "unknown_type", "bad_message", "message_too_large"}
+
+
+@given(st.sampled_from(["control", "control_state", "look", "reset_pose", "prompt", "ping", "stop"]), JSON_VALUES)
+def test_any_object_of_a_known_type_parses_or_says_what_is_wrong(kind: str, extra: object) -> None:
+    body = {"type": kind, **(extra if isinstance(extra, dict) else {"value": extra})}
+    body["type"] = kind
+    try:
+        msg = parse_client_message(json.dumps(body))
+    except ProtocolError as exc:
+        assert exc.code == "bad_message" and str(exc).startswith(kind)
+    else:
+        assert msg.type == kind
+
+
+def test_server_messages_are_typed_json() -> None:
+    ready = ReadyMsg(
+        session_id="s",
+        model="tiny",
+        weights="w",
+        width=128,
+        height=128,
+        fps=16,
+        chunk_frames=16,
+        dispatch="jit",
+        controls={},
+    )
+    assert json.loads(ready.to_json())["type"] == "ready"
+    chunk = ChunkMsg(
+        index=1,
+        first_frame=13,
+        num_frames=16,
+        pts_start=0,
+        pts_end=15,
+        parts=[(13, 0, 16)],
+        applied_seq=None,
+        applied_keys=[],
+        timings={},
+        stages={"dit": (0.1, 0.2)},
+    )
+    assert json.loads(chunk.to_json())["parts"] == [[13, 0, 16]]
+    with pytest.raises(ValueError):
+        ChunkMsg(index=1)  # type: ignore[call-arg]

@@ -155,3 +155,20 @@ def test_settings_refuse_open_bind_without_token() -> None:
     with pytest.raises(ValueError, match="WORLDRTC_API_TOKEN"):
         Settings(host="0.0.0.0")
     assert Settings(host="0.0.0.0", api_token="t").is_loopback is False
+
+
+def test_model_publishes_the_control_contract_and_limits(client: TestClient) -> None:
+    m = client.get("/v1/model").json()
+    assert m["controls"]["move_keys"] == ["a", "d", "s", "w"] and m["controls"]["key_aliases"]["arrowup"] == "w"
+    assert m["limits"]["image_max_bytes"] == 10 * 1024 * 1024 and m["limits"]["control_message_bytes"] == 4096
+    assert m["fps"] == 16 and m["dispatch"] == "jit"
+
+
+def test_cors_allowlist() -> None:
+    app = create_app(Settings(model="tiny", placement="cpu", cors_origins=["http://studio.example"]))
+    with TestClient(app) as c:
+        asked = {"origin": "http://studio.example", "access-control-request-method": "POST"}
+        allowed = c.options("/v1/sessions", headers=asked)
+        assert allowed.headers.get("access-control-allow-origin") == "http://studio.example"
+        other = c.options("/v1/sessions", headers={**asked, "origin": "http://elsewhere.example"})
+        assert "access-control-allow-origin" not in other.headers

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from workers.models.camera import ChunkControl
+from workers.controls import ChunkControl
 from workers.models.presets import TINY
 from workers.runtime.engine import ChunkAssembler, ChunkOutput, ControlSource, PipelineEngine
 from workers.runtime.placement import PLACEMENTS

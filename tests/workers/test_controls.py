@@ -1,12 +1,31 @@
-"""Folding client control messages into the latest-wins control state."""
+"""The control vocabulary: typed control messages, validated once, folded into the latest-wins state."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from workers.controls import MAX_LOOK_PX, ControlError, ControlState
+from workers.controls import (
+    KEY_ALIASES,
+    MAX_KEYS,
+    MAX_LOOK_PX,
+    MOVE_KEYS,
+    TURN_KEYS,
+    ChunkControl,
+    ControlError,
+    ControlState,
+    canonical_key,
+    client_contract,
+    parse_control,
+)
+
+
+def apply(state: ControlState, raw: dict[str, Any]) -> None:
+    state.apply(parse_control(raw))
 
 
 def press(key: str, seq: int | None = None) -> dict:
@@ -21,24 +40,22 @@ def release(key: str, seq: int | None = None) -> dict:
 
 def test_press_and_release() -> None:
     state = ControlState()
-    state.apply(press("w"))
-    state.apply(press("l"))
+    apply(state, press("w"))
+    apply(state, press("l"))
     assert state.held == {"w", "l"}
-    state.apply(release("w"))
+    apply(state, release("w"))
     assert state.held == {"l"}
-    # Releasing a key that is not held is harmless.
-    state.apply(release("s"))
+    apply(state, release("s"))  # releasing a key that is not held is harmless
     assert state.held == {"l"}
     control, reset = state.sample()
-    assert control.keys == frozenset({"l"})
-    assert reset is False
+    assert control.keys == frozenset({"l"}) and reset is False
 
 
 def test_pressing_twice_then_releasing_once_releases() -> None:
     state = ControlState()
-    state.apply(press("w"))
-    state.apply(press("W"))
-    state.apply(release("KeyW"))
+    apply(state, press("w"))
+    apply(state, press("W"))
+    apply(state, release("KeyW"))
     assert state.held == set()
 
 
@@ -47,108 +64,44 @@ def test_pressing_twice_then_releasing_once_releases() -> None:
     [("ArrowUp", "w"), ("ArrowDown", "s"), ("ArrowLeft", "a"), ("ArrowRight", "d"), ("KeyW", "w"), ("KeyJ", "j")],
 )
 def test_browser_key_names_are_canonicalised(name: str, canonical: str) -> None:
-    state = ControlState()
-    state.apply(press(name))
-    assert state.held == {canonical}
-    state.apply(release(canonical))
-    assert state.held == set()
+    assert canonical_key(name) == canonical
+    assert ChunkControl.from_keys([name, "Space"], seq=3) == ChunkControl(frozenset({canonical}), seq=3)
 
 
 def test_control_and_event_aliases() -> None:
     state = ControlState()
-    state.apply({"type": "control", "control": "ArrowUp", "event": "press", "seq": 4})
-    assert state.held == {"w"}
-    assert state.last_seq == 4
-    state.apply({"type": "control", "control": "KeyW", "event": "release"})
+    apply(state, {"type": "control", "control": "ArrowUp", "event": "press", "seq": 4})
+    assert state.held == {"w"} and state.last_seq == 4
+    apply(state, {"type": "control", "control": "KeyW", "event": "release"})
     assert state.held == set()
 
 
 def test_non_steering_keys_are_ignored_but_counted() -> None:
     state = ControlState()
-    state.apply(press("Space", seq=3))
-    state.apply(press("Shift", seq=4))
-    assert state.held == set()
-    assert state.last_seq == 4
+    apply(state, press("Space", seq=3))
+    apply(state, press("Shift", seq=4))
+    assert state.held == set() and state.last_seq == 4
 
 
 def test_control_state_replaces_held_keys() -> None:
     state = ControlState()
-    state.apply(press("w"))
-    state.apply(press("j"))
-    state.apply({"type": "control_state", "controls": ["ArrowLeft", "KeyI", "Enter"], "seq": 9})
-    assert state.held == {"a", "i"}
-    assert state.last_seq == 9
-    state.apply({"type": "control_state", "controls": []})
+    apply(state, press("w"))
+    apply(state, {"type": "control_state", "controls": ["ArrowLeft", "KeyI", "Enter"], "seq": 9})
+    assert state.held == {"a", "i"} and state.last_seq == 9
+    apply(state, {"type": "control_state", "controls": []})
     assert state.held == set()
 
 
-def test_look_sums_until_sampled() -> None:
+def test_look_sums_until_sampled_and_reset_is_one_shot() -> None:
     state = ControlState()
-    state.apply({"type": "look", "dx": 10, "dy": -4})
-    state.apply({"type": "look", "dx": 2.5})
-    state.apply({"type": "look", "dy": 1.5})
-    state.apply(press("w"))
-    control, _ = state.sample()
-    assert (control.look_dx_px, control.look_dy_px) == (12.5, -2.5)
-    # Deltas are consumed; held keys are not.
-    again, _ = state.sample()
-    assert (again.look_dx_px, again.look_dy_px) == (0.0, 0.0)
-    assert again.keys == frozenset({"w"})
-
-
-def test_look_limits_are_inclusive() -> None:
-    state = ControlState()
-    state.apply({"type": "look", "dx": MAX_LOOK_PX, "dy": -MAX_LOOK_PX})
-    control, _ = state.sample()
-    assert (control.look_dx_px, control.look_dy_px) == (MAX_LOOK_PX, -MAX_LOOK_PX)
-
-
-def test_reset_pose_is_a_one_shot_flag() -> None:
-    state = ControlState()
-    state.apply(press("w"))
-    state.apply({"type": "reset_pose", "seq": 2})
+    apply(state, {"type": "look", "dx": 10, "dy": -4})
+    apply(state, {"type": "look", "dx": 2.5})
+    apply(state, {"type": "look", "dy": MAX_LOOK_PX})
+    apply(state, {"type": "reset_pose", "seq": 2})
     control, reset = state.sample()
-    assert reset is True
-    assert control.keys == frozenset({"w"}) and control.seq == 2
-    _, reset_again = state.sample()
-    assert reset_again is False
-
-
-def test_seq_tracks_the_last_applied_message() -> None:
-    state = ControlState()
-    assert state.sample()[0].seq is None
-    state.apply(press("w", seq=1))
-    state.apply({"type": "look", "dx": 1, "seq": 2})
-    state.apply(release("w"))  # no seq: keeps the previous one
-    assert state.sample()[0].seq == 2
-    state.apply({"type": "control_state", "controls": ["d"], "seq": 7})
-    state.apply({"type": "prompt", "text": "a forest", "seq": 8})  # ignored entirely
-    control, _ = state.sample()
-    assert control.seq == 7
-    assert control.keys == frozenset({"d"})
-    # A non-integer seq is not recorded.
-    state.apply(press("a", seq="9"))
-    assert state.last_seq == 7
-
-
-@pytest.mark.parametrize(
-    "message",
-    [
-        {"type": "prompt", "text": "hello"},
-        {"type": "ping", "seq": 100},
-        {"type": "stop"},
-        {"type": "something_new", "key": 3, "action": "explode"},
-        {"no_type": True},
-    ],
-)
-def test_unknown_and_non_camera_types_are_ignored(message: dict) -> None:
-    state = ControlState()
-    state.apply(press("w", seq=1))
-    state.apply(message)
-    assert state.held == {"w"}
-    assert state.last_seq == 1
-    control, reset = state.sample()
-    assert (control.look_dx_px, control.look_dy_px, reset) == (0.0, 0.0, False)
+    assert (control.look_dx_px, control.look_dy_px, reset, control.seq) == (12.5, MAX_LOOK_PX - 4, True, 2)
+    again, reset_again = state.sample()
+    assert (again.look_dx_px, again.look_dy_px, reset_again) == (0.0, 0.0, False)
 
 
 @pytest.mark.parametrize(
@@ -160,30 +113,77 @@ def test_unknown_and_non_camera_types_are_ignored(message: dict) -> None:
         {"type": "control", "key": "w", "action": "hold"},
         {"type": "control", "key": "w"},
         {"type": "control", "key": "w", "action": "PRESS"},
+        {"type": "control", "key": "w", "action": "press", "seq": "9"},
         {"type": "control_state", "controls": "wasd"},
         {"type": "control_state", "controls": None},
         {"type": "control_state"},
         {"type": "control_state", "controls": ["w", 1]},
+        {"type": "control_state", "controls": ["w"] * (MAX_KEYS + 1)},
         {"type": "look", "dx": math.nan, "dy": 0},
         {"type": "look", "dx": 0, "dy": math.inf},
-        {"type": "look", "dx": -math.inf},
         {"type": "look", "dx": MAX_LOOK_PX + 1},
-        {"type": "look", "dy": -1e9},
         {"type": "look", "dx": "5"},
         {"type": "look", "dx": None},
+        {"type": "prompt", "text": "not a control"},
+        {"type": "something_new"},
+        {"no_type": True},
     ],
 )
-def test_bad_messages_raise_and_leave_state_unchanged(message: dict) -> None:
+def test_bad_messages_are_refused_with_a_reason(message: dict) -> None:
+    with pytest.raises(ControlError) as info:
+        parse_control(message)
+    assert str(info.value)
+
+
+def test_contract_published_to_clients() -> None:
+    contract = client_contract()
+    assert contract["move_keys"] == sorted(MOVE_KEYS) and contract["turn_keys"] == sorted(TURN_KEYS)
+    assert contract["key_aliases"] == KEY_ALIASES and contract["max_look_px"] == MAX_LOOK_PX
+
+
+# ---- properties ----
+
+KEY_NAMES = st.sampled_from(["w", "a", "s", "d", "j", "l", "i", "k", "W", "KeyD", "ArrowUp", "ArrowLeft", "Space", "x"])
+SEQ = st.one_of(st.none(), st.integers(0, 2**31))
+MESSAGES = st.one_of(
+    st.builds(
+        lambda k, a, q: {"type": "control", "key": k, "action": a, "seq": q},
+        KEY_NAMES,
+        st.sampled_from(["press", "release"]),
+        SEQ,
+    ),
+    st.builds(lambda ks, q: {"type": "control_state", "controls": ks, "seq": q}, st.lists(KEY_NAMES, max_size=6), SEQ),
+    st.builds(
+        lambda x, y, q: {"type": "look", "dx": x, "dy": y, "seq": q},
+        st.floats(-MAX_LOOK_PX, MAX_LOOK_PX),
+        st.floats(-MAX_LOOK_PX, MAX_LOOK_PX),
+        SEQ,
+    ),
+    st.builds(lambda q: {"type": "reset_pose", "seq": q}, SEQ),
+)
+
+
+@given(st.lists(MESSAGES, max_size=40))
+def test_folding_matches_a_plain_model_of_it(messages: list[dict]) -> None:
+    """Held keys, summed look, the reset flag and the last seq equal a direct reading of the messages."""
     state = ControlState()
-    state.apply(press("w", seq=1))
-    state.apply({"type": "look", "dx": 3, "dy": 4, "seq": 2})
-    with pytest.raises(ControlError):
-        state.apply({**message, "seq": 99})
-    assert state.held == {"w"}
-    assert state.last_seq == 2
-    control, _ = state.sample()
-    assert (control.look_dx_px, control.look_dy_px) == (3.0, 4.0)
-
-
-def test_control_error_is_a_value_error() -> None:
-    assert issubclass(ControlError, ValueError)
+    held: set[str] = set()
+    dx = dy = 0.0
+    reset = False
+    seq = None
+    for raw in messages:
+        apply(state, {k: v for k, v in raw.items() if v is not None})
+        key = canonical_key(raw["key"]) if raw["type"] == "control" else None
+        if raw["type"] == "control" and key is not None:
+            (held.add if raw["action"] == "press" else held.discard)(key)
+        elif raw["type"] == "control_state":
+            held = {k for k in map(canonical_key, raw["controls"]) if k is not None}
+        elif raw["type"] == "look":
+            dx, dy = dx + raw["dx"], dy + raw["dy"]
+        elif raw["type"] == "reset_pose":
+            reset = True
+        seq = raw["seq"] if raw["seq"] is not None else seq
+    control, got_reset = state.sample()
+    assert control.keys == frozenset(held) and held <= set(MOVE_KEYS) | set(TURN_KEYS)
+    assert (control.look_dx_px, control.look_dy_px) == pytest.approx((dx, dy))
+    assert (got_reset, control.seq) == (reset, seq)

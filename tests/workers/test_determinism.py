@@ -13,8 +13,8 @@ import torch
 
 from tests.support.engine import CONTROLS, IMAGE, PROMPT, reference_frames
 from tests.support.frames import assert_frames_close
+from workers.controls import ChunkControl
 from workers.determinism import FRAME_TOLERANCE, frame_difference, intra_op_threads
-from workers.models.camera import ChunkControl
 from workers.serial_engine import SerialEngine
 from workers.stages.decode import DecodeSession
 from workers.stages.denoise import DenoiseSession

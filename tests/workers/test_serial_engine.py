@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from workers.controls import ChunkControl
 from workers.images import ImageError
-from workers.models.camera import ChunkControl
 from workers.serial_engine import SerialEngine
 
 IMAGE = (np.random.default_rng(0).random((96, 160, 3)) * 255).astype(np.uint8)

@@ -17,38 +17,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from workers.chunk_geometry import VAE_TIME_STRIDE
+from workers.controls import MOVE_KEYS, TURN_KEYS, ChunkControl
 from workers.models.presets import ModelPreset
 
-# Canonical key names; aliases from browsers and TeleFuser traces map onto them.
-MOVE_KEYS = {"w": (0.0, 1.0), "s": (0.0, -1.0), "a": (-1.0, 0.0), "d": (1.0, 0.0)}  # (right, forward)
-TURN_KEYS = {"j": (-1.0, 0.0), "l": (1.0, 0.0), "i": (0.0, 1.0), "k": (0.0, -1.0)}  # (yaw, pitch)
-KEY_ALIASES = {"arrowup": "w", "arrowdown": "s", "arrowleft": "a", "arrowright": "d"}
 MAX_PITCH_DEG = 85.0
-VIDEO_FRAMES_PER_LATENT = 4
-
-
-def canonical_key(name: str) -> str | None:
-    """'W', 'KeyW', 'ArrowUp' -> 'w'; None for keys that do not steer the camera."""
-    key = name.strip().lower()
-    if key.startswith("key") and len(key) == 4:
-        key = key[3:]
-    key = KEY_ALIASES.get(key, key)
-    return key if key in MOVE_KEYS or key in TURN_KEYS else None
-
-
-@dataclass(frozen=True)
-class ChunkControl:
-    """The controls applied to one chunk: held keys plus mouse-look deltas summed since the last chunk."""
-
-    keys: frozenset[str] = field(default_factory=frozenset)
-    look_dx_px: float = 0.0
-    look_dy_px: float = 0.0
-    seq: int | None = None  # the last client control message folded into this state
-
-    @staticmethod
-    def from_keys(keys: list[str] | set[str] | frozenset[str], **kw: float | int | None) -> ChunkControl:
-        canonical = {k for k in (canonical_key(n) for n in keys) if k is not None}
-        return ChunkControl(keys=frozenset(canonical), **kw)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -105,7 +78,7 @@ def integrate_chunk(
     state: CameraState, control: ChunkControl, num_latent_frames: int, first_chunk: bool, motion: CameraMotion
 ) -> tuple[torch.Tensor, CameraState]:
     """Poses [F, 4, 4] (float64, one per latent frame) for a chunk, and the state after it."""
-    steps_per_latent = [0 if (first_chunk and i == 0) else VIDEO_FRAMES_PER_LATENT for i in range(num_latent_frames)]
+    steps_per_latent = [0 if (first_chunk and i == 0) else VAE_TIME_STRIDE for i in range(num_latent_frames)]
     total_steps = max(1, sum(steps_per_latent))
     # Mouse look is spread evenly over the chunk so a flick becomes a smooth turn.
     look_yaw = control.look_dx_px * motion.look_deg_per_px / total_steps

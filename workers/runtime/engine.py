@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workers.models.camera import ChunkControl
+from workers.controls import ChunkControl
 from workers.models.presets import ModelPreset, get_preset
 from workers.runtime.channel import Ack, ChannelConsumer, SlotRef, remove_segments
 from workers.runtime.messages import (

@@ -13,7 +13,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from workers.models.camera import ChunkControl
+from workers.controls import ChunkControl
 from workers.runtime.channel import Ack, InlineTensor, SlotRef
 
 TensorRef = SlotRef | InlineTensor

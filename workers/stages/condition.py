@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from workers.chunk_geometry import video_frames
 from workers.models.presets import ModelPreset
 from workers.models.t5 import TextEncoder
 from workers.models.vae import VAEStreamState, WanVAE
@@ -57,7 +58,7 @@ class ImageConditionStream:
         device = next(self.vae.parameters()).device
         c, (_, h, w) = self.chunk, self.image.shape
         first = self.chunk_index == 0
-        num_video = 4 * c - 3 if first else 4 * c
+        num_video = video_frames(c, first)
         video = torch.zeros(1, 3, num_video, h, w, device=device)
         if first:
             video[0, :, 0] = self.image.to(device)

@@ -13,7 +13,8 @@ from typing import Literal
 import numpy as np
 import torch
 
-from workers.models.camera import CameraMotion, CameraState, ChunkControl, Intrinsics
+from workers.controls import ChunkControl
+from workers.models.camera import CameraMotion, CameraState, Intrinsics
 from workers.models.presets import ModelPreset
 from workers.world import EMBEDDED_WORLD_SEED, World, random_controls, random_start, render_path
 

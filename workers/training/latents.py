@@ -30,8 +30,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from workers.controls import ChunkControl
 from workers.images import to_model_range
-from workers.models.camera import CameraState, ChunkControl
+from workers.models.camera import CameraState
 from workers.models.presets import ModelPreset
 from workers.models.vae import WanVAE
 from workers.runtime.parent_death import die_with_parent

@@ -10,7 +10,6 @@ walls and random walks).
 from workers.world.map import MapConfig, WorldMap, generate_map
 from workers.world.paths import (
     PathPoses,
-    chunk_video_frames,
     free_distance,
     random_controls,
     random_start,
@@ -27,7 +26,6 @@ __all__ = [
     "RenderLayers",
     "World",
     "WorldMap",
-    "chunk_video_frames",
     "free_distance",
     "generate_map",
     "random_controls",

@@ -1,6 +1,7 @@
 """Camera paths through a World: chunk controls -> per-video-frame poses -> frames; random walks.
 
-Chunk geometry (DESIGN §2): a chunk of C latent frames is 4C video frames, the first chunk 4C−3.
+Chunk geometry (`workers/chunk_geometry.py`): a chunk of C latent frames is 4C video frames, the first
+chunk 4C−3.
 The first video frame is the start pose; every other video frame is one `CameraState.step` of its
 chunk's controls, with mouse look spread evenly over the chunk's steps — exactly the integration of
 `integrate_chunk` (its per-latent poses are video frames 0, 4, 8, … of the first chunk and frames
@@ -23,20 +24,18 @@ from typing import Literal
 
 import numpy as np
 
-from workers.models.camera import VIDEO_FRAMES_PER_LATENT, CameraMotion, CameraState, ChunkControl, Intrinsics
+from workers.chunk_geometry import video_frames
+from workers.controls import ChunkControl
+from workers.models.camera import CameraMotion, CameraState, Intrinsics
 from workers.world.world import World
 
 Collision = Literal["stop", "slide", "none"]
 BODY_RADIUS_M = 0.2
 
 
-def chunk_video_frames(chunk_latent_frames: int, first_chunk: bool) -> int:
-    """Video frames a chunk covers: 4C, the first chunk 4C−3."""
-    return VIDEO_FRAMES_PER_LATENT * chunk_latent_frames - (VIDEO_FRAMES_PER_LATENT - 1 if first_chunk else 0)
-
-
 def _chunk_steps(chunk_latent_frames: int, first_chunk: bool) -> int:
-    return VIDEO_FRAMES_PER_LATENT * (chunk_latent_frames - 1 if first_chunk else chunk_latent_frames)
+    """Camera steps a chunk integrates: one per video frame after the session's start frame."""
+    return video_frames(chunk_latent_frames, first_chunk) - (1 if first_chunk else 0)
 
 
 def _look_per_step(control: ChunkControl, motion: CameraMotion, steps: int) -> tuple[float, float]:

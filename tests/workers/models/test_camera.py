@@ -7,14 +7,13 @@ import math
 import pytest
 import torch
 
+from workers.controls import ChunkControl, canonical_key
 from workers.models.camera import (
     MAX_PITCH_DEG,
     CameraMotion,
     CameraState,
     CameraTrack,
-    ChunkControl,
     Intrinsics,
-    canonical_key,
     integrate_chunk,
     plucker_cells,
     plucker_rays,

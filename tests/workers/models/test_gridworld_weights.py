@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from benchmarks.image_metrics import psnr_db
+from workers.controls import ChunkControl
 from workers.models import loading
-from workers.models.camera import ChunkControl
 from workers.models.presets import DEFAULT_PRESET, GRIDWORLD
 from workers.serial_engine import SerialEngine
 from workers.training.clips import WORLD_SEED, ClipSpec, render_clip

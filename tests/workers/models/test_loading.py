@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from workers.controls import ChunkControl
 from workers.models import components, loading
-from workers.models.camera import ChunkControl
 from workers.models.presets import TINY
 from workers.serial_engine import SerialEngine
 

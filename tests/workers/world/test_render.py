@@ -12,8 +12,10 @@ import pytest
 import torch
 from PIL import Image
 
-from workers.models.camera import CameraMotion, CameraState, ChunkControl, Intrinsics, integrate_chunk, plucker_rays
-from workers.world import World, chunk_video_frames, free_distance, random_controls, render_path, simulate_path
+from workers.chunk_geometry import video_frames
+from workers.controls import ChunkControl
+from workers.models.camera import CameraMotion, CameraState, Intrinsics, integrate_chunk, plucker_rays
+from workers.world import World, free_distance, random_controls, render_path, simulate_path
 from workers.world.map import TOWER, WALL
 from workers.world.render import FLOOR, SKY, TOWER_HIT, WALL_HIT
 
@@ -60,7 +62,7 @@ def test_poses_equal_key_integration(world: World) -> None:
     path = simulate_path(world, controls, chunk)
     assert not path.blocked.any()
     assert np.array_equal(path.c2w, path.commanded_c2w)
-    assert len(path.c2w) == chunk_video_frames(chunk, True) + 2 * chunk_video_frames(chunk, False) == 5 + 8 + 8
+    assert len(path.c2w) == video_frames(chunk, True) + 2 * video_frames(chunk, False) == 5 + 8 + 8
     assert np.array_equal(path.c2w[0], np.eye(4)) and np.array_equal(world.start_pose(), np.eye(4))
 
     # Per latent frame: exactly integrate_chunk's poses (frames 0, 4, … of the first chunk, 3, 7, … later).
@@ -69,7 +71,7 @@ def test_poses_equal_key_integration(world: World) -> None:
         poses, state = integrate_chunk(state, control, chunk, i == 0, MOTION)
         picks = [start + 4 * j for j in range(chunk)] if i == 0 else [start + 4 * j + 3 for j in range(chunk)]
         assert np.array_equal(path.c2w[picks], poses.numpy())
-        start += chunk_video_frames(chunk, i == 0)
+        start += video_frames(chunk, i == 0)
     # Per video frame: one CameraState.step each, mouse look spread over the chunk's steps.
     state, expected = CameraState(), [CameraState().c2w()]
     for i, control in enumerate(controls):
