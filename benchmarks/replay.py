@@ -173,7 +173,8 @@ def _run_in_process(args: argparse.Namespace, trace: Trace, rec: Recorder, prese
 
 
 def _run_pipeline(args: argparse.Namespace, trace: Trace, rec: Recorder, preset: ModelPreset) -> dict[str, Any]:
-    from workers.runtime.engine import ChunkAssembler, ChunkOutput, PipelineEngine
+    from workers.runtime.engine import PipelineEngine
+    from workers.runtime.records import ChunkAssembler, ChunkOutput
 
     placement = placement_for(args)
     engine = PipelineEngine(

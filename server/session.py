@@ -55,7 +55,9 @@ from server.video_track import PacedVideoTrack
 from workers.chunk_geometry import chunk_num_frames
 from workers.controls import ChunkControl, ControlState, client_contract
 from workers.models.presets import ModelPreset
-from workers.runtime.engine import ChunkOutput, Hold, PipelineEngine
+from workers.runtime.engine import PipelineEngine
+from workers.runtime.records import ChunkOutput
+from workers.runtime.scheduler import Hold
 
 log = logging.getLogger("worldrtc.session")
 

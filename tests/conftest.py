@@ -25,8 +25,8 @@ from safetensors.torch import load_file, save_file
 from workers.models import components, loading
 from workers.models.presets import TINY
 
-# SerialEngine.load(weights_seed=s) seeds the DiT with s, the VAE with s + 1 and umT5 with s + 2;
-# the checkpoint is written from exactly those weights so both engines must agree.
+# The checkpoint is written from the weights `weights_seed` gives each component (components.SEED_OFFSETS),
+# so an engine loading it and one seeded with it must agree.
 TINY_WEIGHTS_SEED = 3
 DIT_SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
 
@@ -80,9 +80,9 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> TinyCheckpoint:
     root = tmp_path_factory.mktemp("tiny_checkpoint")
     cpu = torch.device("cpu")
     seed = TINY_WEIGHTS_SEED
-    dit = _clone(components.load_dit(TINY, cpu, None, seed=seed).state_dict())
-    vae = _clone(components.load_vae(TINY, cpu, None, seed=seed + 1).state_dict())
-    t5 = _clone(components.load_text_encoder(TINY, cpu, None, seed=seed + 2).encoder.state_dict())
+    dit = _clone(components.load_dit(TINY, cpu, None, seed).state_dict())
+    vae = _clone(components.load_vae(TINY, cpu, None, seed).state_dict())
+    t5 = _clone(components.load_text_encoder(TINY, cpu, None, seed).encoder.state_dict())
     weight_map = write_dit_shards(root, dit)
     torch.save(vae, root / loading.VAE_FILE)
     torch.save(t5, root / loading.T5_FILE)

@@ -131,9 +131,9 @@ class SerialEngine:
         ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
         return SerialEngine(
             preset,
-            load_dit(preset, dev, ckpt, seed=weights_seed),
-            load_vae(preset, dev, ckpt, seed=weights_seed + 1),
-            load_text_encoder(preset, dev, ckpt, seed=weights_seed + 2),
+            load_dit(preset, dev, ckpt, weights_seed),
+            load_vae(preset, dev, ckpt, weights_seed),
+            load_text_encoder(preset, dev, ckpt, weights_seed),
             dev,
             cpu_threads,
         )

@@ -11,8 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-from workers.models.components import meta_components
-from workers.models.loading import KeyReport, state_shapes, verify_checkpoint
+from workers.models.components import meta_components, verify_checkpoint
+from workers.models.loading import KeyReport, state_shapes
 from workers.models.presets import PRESETS, get_preset
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
+from safetensors import SafetensorError
 
 from workers.models import loading
 from workers.models.dit import WanDiT
@@ -65,27 +66,33 @@ def _materialize(
     return model.eval().requires_grad_(False)
 
 
-def load_dit(preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, seed: int = 0) -> WanDiT:
+# Random weights are seeded per component from one weights seed s: DiT s, VAE s + 1, umT5 s + 2.
+SEED_OFFSETS = {"dit": 0, "vae": 1, "t5": 2}
+
+
+def load_dit(preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, weights_seed: int = 0) -> WanDiT:
     checkpoint_dir = loading.checkpoint_dir_for(preset, checkpoint_dir)
     # safetensors can read straight into GPU memory; elsewhere read to host memory.
     target = device if device.type == "cuda" else torch.device("cpu")
     reader = None if checkpoint_dir is None else (lambda: loading.read_dit_state(checkpoint_dir, target))
     dtype = Precision.for_device(device).dit
+    seed = weights_seed + SEED_OFFSETS["dit"]
     return _materialize("DiT", lambda: WanDiT(preset.dit), dtype, device, reader, seed)  # type: ignore[return-value]
 
 
-def load_vae(preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, seed: int = 1) -> WanVAE:
+def load_vae(preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, weights_seed: int = 0) -> WanVAE:
     checkpoint_dir = loading.checkpoint_dir_for(preset, checkpoint_dir)
     reader = None
     if checkpoint_dir is not None:
         path = loading.component_file(checkpoint_dir, loading.VAE_FILE, loading.VAE_SAFETENSORS)
         reader = lambda: loading.read_pth(path)  # noqa: E731
     dtype = Precision.for_device(device).vae
+    seed = weights_seed + SEED_OFFSETS["vae"]
     return _materialize("VAE", lambda: WanVAE(preset.vae), dtype, device, reader, seed)  # type: ignore[return-value]
 
 
 def load_text_encoder(
-    preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, seed: int = 2
+    preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, weights_seed: int = 0
 ) -> TextEncoder:
     checkpoint_dir = loading.checkpoint_dir_for(preset, checkpoint_dir)
     reader = None
@@ -93,5 +100,34 @@ def load_text_encoder(
         path = loading.component_file(checkpoint_dir, loading.T5_FILE, loading.T5_SAFETENSORS)
         reader = lambda: loading.read_pth(path)  # noqa: E731
     dtype = Precision.for_device(device).t5
+    seed = weights_seed + SEED_OFFSETS["t5"]
     model = _materialize("umT5", lambda: UMT5Encoder(preset.t5), dtype, device, reader, seed)
     return TextEncoder(model, load_tokenizer(preset.t5, checkpoint_dir))  # type: ignore[arg-type]
+
+
+def verify_checkpoint(preset: ModelPreset, checkpoint_dir: Path) -> dict[str, loading.KeyReport | str]:
+    """Check a checkpoint directory against a preset without loading weights into models."""
+    meta = meta_components(preset)
+    results: dict[str, loading.KeyReport | str] = {}
+    try:
+        results["dit"] = loading.compare_shapes(
+            loading.state_shapes(meta["dit"]), loading.read_dit_shapes(checkpoint_dir)
+        )
+    except (OSError, ValueError, KeyError, SafetensorError) as exc:  # missing, corrupt or truncated files
+        results["dit"] = f"unreadable DiT weights: {exc}"
+
+    for name, pth, st in (
+        ("vae", loading.VAE_FILE, loading.VAE_SAFETENSORS),
+        ("t5", loading.T5_FILE, loading.T5_SAFETENSORS),
+    ):
+        try:
+            found = {
+                k: tuple(v.shape) for k, v in loading.read_pth(loading.component_file(checkpoint_dir, pth, st)).items()
+            }
+            results[name] = loading.compare_shapes(loading.state_shapes(meta[name]), found)
+        except (FileNotFoundError, RuntimeError, loading.CheckpointError, SafetensorError) as exc:
+            results[name] = str(exc)
+    tok = checkpoint_dir / loading.TOKENIZER_DIR / "tokenizer.json"
+    if preset.t5.tokenizer == "umt5" and not tok.is_file():
+        results["tokenizer"] = f"missing {tok}"
+    return results

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from safetensors import SafetensorError
 
 from workers.models.presets import ModelPreset
 
@@ -179,26 +178,3 @@ def materialize_random(
     module = module.to_empty(device=device)
     init(module)
     return module.to(dtype=dtype)
-
-
-def verify_checkpoint(preset: ModelPreset, checkpoint_dir: Path) -> dict[str, KeyReport | str]:
-    """Check a checkpoint directory against a preset without loading weights into models."""
-    from workers.models.components import meta_components
-
-    meta = meta_components(preset)
-    results: dict[str, KeyReport | str] = {}
-    try:
-        results["dit"] = compare_shapes(state_shapes(meta["dit"]), read_dit_shapes(checkpoint_dir))
-    except (OSError, ValueError, KeyError, SafetensorError) as exc:  # missing, corrupt or truncated files
-        results["dit"] = f"unreadable DiT weights: {exc}"
-
-    for name, pth, st in (("vae", VAE_FILE, VAE_SAFETENSORS), ("t5", T5_FILE, T5_SAFETENSORS)):
-        try:
-            found = {k: tuple(v.shape) for k, v in read_pth(component_file(checkpoint_dir, pth, st)).items()}
-            results[name] = compare_shapes(state_shapes(meta[name]), found)
-        except (FileNotFoundError, RuntimeError, CheckpointError, SafetensorError) as exc:
-            results[name] = str(exc)
-    tok = checkpoint_dir / TOKENIZER_DIR / "tokenizer.json"
-    if preset.t5.tokenizer == "umt5" and not tok.is_file():
-        results["tokenizer"] = f"missing {tok}"
-    return results

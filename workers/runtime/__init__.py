@@ -1,1 +1,2 @@
-"""Worker runtime: process entry, typed messages, stage servers, tensor channels."""
+"""Worker runtime: the engine (scheduler, supervisor, records), the worker processes and their stage
+handlers, typed messages, and the tensor channels between them."""

@@ -25,6 +25,10 @@ class Stage(StrEnum):
     DECODE = "decode"
 
 
+STAGES = (Stage.ENCODE, Stage.DIT, Stage.DECODE)  # pipeline order
+UPSTREAM = {Stage.DIT: Stage.ENCODE, Stage.DECODE: Stage.DIT}  # whose output each stage reads
+
+
 # ---- scheduler -> worker ----
 
 

@@ -12,7 +12,7 @@ import torch
 
 from benchmarks.image_metrics import psnr_db
 from workers.controls import ChunkControl
-from workers.models import loading
+from workers.models import components, loading
 from workers.models.presets import DEFAULT_PRESET, GRIDWORLD
 from workers.serial_engine import SerialEngine
 from workers.training.clips import WORLD_SEED, ClipSpec, render_clip
@@ -39,7 +39,7 @@ def _generate(engine: SerialEngine, image: np.ndarray, keys: list[str], chunks: 
 
 def test_gridworld_is_the_default_and_its_weights_load_strictly() -> None:
     assert DEFAULT_PRESET == "gridworld"
-    results = loading.verify_checkpoint(GRIDWORLD, BUNDLE)
+    results = components.verify_checkpoint(GRIDWORLD, BUNDLE)
     assert all(isinstance(r, loading.KeyReport) and r.ok for r in results.values()), results
     total = sum(p.stat().st_size for p in BUNDLE.rglob("*") if p.is_file())
     assert total < 30 * 2**20, f"bundled weights are {total / 2**20:.1f} MiB"

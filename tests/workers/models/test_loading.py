@@ -62,7 +62,7 @@ def test_text_encoder_round_trip_is_exact(tiny_checkpoint) -> None:
 
 def test_checkpoint_differs_from_other_seeds(tiny_checkpoint) -> None:
     # Guards the round-trip tests against comparing two copies of some default initialisation.
-    other = components.load_dit(TINY, CPU, None, seed=0).state_dict()
+    other = components.load_dit(TINY, CPU, None, weights_seed=0).state_dict()
     key = "blocks.0.self_attn.q.weight"
     assert not torch.equal(other[key], tiny_checkpoint.dit[key])
 

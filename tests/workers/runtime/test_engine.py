@@ -29,7 +29,7 @@ from workers.runtime.channel import leaked_segments
 from workers.runtime.engine import PipelineEngine
 from workers.runtime.messages import Stage
 from workers.runtime.placement import PLACEMENTS
-from workers.runtime.worker import FaultSpec
+from workers.runtime.spec import FaultSpec
 
 pytestmark = pytest.mark.processes
 
@@ -116,7 +116,7 @@ def test_killed_worker_is_detected_and_replaced() -> None:
         assert kind == "chunk"
         dit_pid = engine.worker_pids()["dit"][0]
         # Kill it mid-chunk, the hard case: its command never replies and its input slot is held.
-        wait_until(lambda: engine.stages[Stage.DIT].inflight is not None, 10, "a DiT command in flight", poll_s=0.005)
+        wait_until(lambda: engine.scheduler.lanes[Stage.DIT].assignment, 10, "a DiT command in flight", poll_s=0.005)
         os.kill(dit_pid, signal.SIGKILL)
         while True:
             kind, value = c.events.get(timeout=WAIT_S)

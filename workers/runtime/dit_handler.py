@@ -1,4 +1,4 @@
-"""DiT stage worker (one rank of a Ulysses group): per session the KV cache, text K/V and camera track.
+"""DiT stage handler (one rank of a Ulysses group): per session the KV cache, text K/V and camera track.
 
 The camera is integrated here rather than in the encode stage: a chunk's control is sampled only
 when the DiT is ready to start it, and turning it into Plücker rays is cheap, so the DiT never
@@ -16,9 +16,9 @@ from workers.models.components import load_dit
 from workers.models.presets import get_preset
 from workers.parallel.group import StageGroup
 from workers.parallel.ulysses import SequenceParallel
+from workers.runtime.handler import StageHandler
 from workers.runtime.messages import Command, DenoiseChunk, OpenSession, Reply, SessionOpened
-from workers.runtime.servers import StageServer
-from workers.runtime.worker import WorkerSpec
+from workers.runtime.spec import WorkerSpec
 from workers.stages.denoise import DenoiseSession
 
 LATENT_ROW_DIM = 3  # [1, 16, C, h, w]: decode ranks take bands of latent rows
@@ -30,12 +30,12 @@ class DitSession:
     camera: CameraTrack
 
 
-class DitServer(StageServer):
+class DitHandler(StageHandler):
     def __init__(self, spec: WorkerSpec, group: StageGroup) -> None:
         super().__init__(spec, group)
         self.preset = get_preset(spec.preset)
         ckpt = Path(spec.checkpoint_dir) if spec.checkpoint_dir else None
-        self.dit = load_dit(self.preset, self.device, ckpt, seed=spec.weights_seed)
+        self.dit = load_dit(self.preset, self.device, ckpt, weights_seed=spec.weights_seed)
         self.sp = SequenceParallel(group) if group.is_multi_rank else None
         if self.sp is not None:
             self.sp.validate(self.preset.tokens_per_latent_frame, self.preset.dit.num_heads)

@@ -1,8 +1,9 @@
-"""Worker-side stage servers: per-session state plus channel plumbing, one handler per command type.
+"""A stage's command handler, worker side: per-session state plus channel plumbing.
 
-A server consumes input tensors named by `SlotRef`s (copying them out and acking), runs its stage,
-and publishes its output into its own producer channel. The base class holds what all three
-stages share; each stage's file holds only its own work.
+A handler consumes input tensors named by `SlotRef`s (reading them in place and acking), runs its
+stage, and publishes its output into its own producer channel. This base class holds what every
+stage shares; each stage's file (`*_handler.py`) holds only its own work, and `handlers.py` maps a
+worker spec to its handler.
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ from workers.runtime.messages import (
     StageStats,
     TensorRef,
 )
-from workers.runtime.worker import WorkerSpec
+from workers.runtime.spec import WorkerSpec
 
 log = logging.getLogger(__name__)
 
 
-class StageServer:
+class StageHandler:
     # Slots per output profile: up to 2 chunks in flight on each edge per session, for a few sessions;
     # a busy pool falls back to the inline path rather than blocking the stage.
     OUTPUT_SLOTS = 4
@@ -158,33 +159,15 @@ class StageServer:
 class _Timer:
     """Device-synchronised busy time of one command."""
 
-    def __init__(self, server: StageServer) -> None:
-        self.server = server
+    def __init__(self, handler: StageHandler) -> None:
+        self.handler = handler
         self.busy_s = 0.0
 
     def __enter__(self) -> _Timer:
-        self.server.synchronize()
+        self.handler.synchronize()
         self._t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.synchronize()
+        self.handler.synchronize()
         self.busy_s = time.perf_counter() - self._t0
-
-
-def build_server(spec: WorkerSpec, group: StageGroup) -> StageServer:
-    if spec.synthetic is not None:
-        from workers.runtime.synthetic_server import SyntheticStageServer
-
-        return SyntheticStageServer(spec, group)
-    if spec.stage is Stage.ENCODE:
-        from workers.runtime.encode_server import EncodeServer
-
-        return EncodeServer(spec, group)
-    if spec.stage is Stage.DIT:
-        from workers.runtime.dit_server import DitServer
-
-        return DitServer(spec, group)
-    from workers.runtime.decode_server import DecodeServer
-
-    return DecodeServer(spec, group)

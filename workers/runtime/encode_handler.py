@@ -1,4 +1,4 @@
-"""Encode stage worker: per session, the start image's VAE condition stream and the prompt's embeddings."""
+"""Encode stage handler: per session, the start image's VAE condition stream and the prompt's embeddings."""
 
 from __future__ import annotations
 
@@ -11,19 +11,19 @@ from workers.images import to_model_range
 from workers.models.components import load_text_encoder, load_vae
 from workers.models.presets import get_preset
 from workers.parallel.group import StageGroup
+from workers.runtime.handler import StageHandler
 from workers.runtime.messages import Command, EncodeChunk, OpenSession, Reply, SessionOpened
-from workers.runtime.servers import StageServer
-from workers.runtime.worker import WorkerSpec
+from workers.runtime.spec import WorkerSpec
 from workers.stages.condition import ImageConditionStream, encode_prompt
 
 
-class EncodeServer(StageServer):
+class EncodeHandler(StageHandler):
     def __init__(self, spec: WorkerSpec, group: StageGroup) -> None:
         super().__init__(spec, group)
         self.preset = get_preset(spec.preset)
         ckpt = Path(spec.checkpoint_dir) if spec.checkpoint_dir else None
-        self.vae = load_vae(self.preset, self.device, ckpt, seed=spec.weights_seed + 1)
-        self.text_encoder = load_text_encoder(self.preset, self.device, ckpt, seed=spec.weights_seed + 2)
+        self.vae = load_vae(self.preset, self.device, ckpt, weights_seed=spec.weights_seed)
+        self.text_encoder = load_text_encoder(self.preset, self.device, ckpt, weights_seed=spec.weights_seed)
 
     def handle_stage(self, msg: Command) -> Iterator[Reply]:
         stage, rank = self.spec.stage, self.spec.rank

@@ -17,6 +17,7 @@ from workers.chunk_geometry import chunk_first_frame, latent_span_frames
 from workers.frame_stamp import stamp_frames
 from workers.models.presets import get_preset
 from workers.parallel.group import StageGroup
+from workers.runtime.handler import StageHandler
 from workers.runtime.messages import (
     Command,
     DecodeChunk,
@@ -27,12 +28,11 @@ from workers.runtime.messages import (
     SessionOpened,
     Stage,
 )
-from workers.runtime.servers import StageServer
-from workers.runtime.worker import WorkerSpec
+from workers.runtime.spec import WorkerSpec
 from workers.stages.decode import part_bounds
 
 
-class SyntheticStageServer(StageServer):
+class SyntheticHandler(StageHandler):
     def __init__(self, spec: WorkerSpec, group: StageGroup) -> None:
         super().__init__(spec, group)
         assert spec.synthetic is not None

@@ -1,4 +1,4 @@
-"""Decode stage worker (one rank of a height-sharded group): latents in, uint8 frames to the server.
+"""Decode stage handler (one rank of a height-sharded group): latents in, uint8 frames to the server.
 
 Each rank reads only its band of latent rows from the DiT's slot; rank 0 gathers the frames and
 publishes them into host shared memory (the frame ring) for the server to copy out, part by part
@@ -16,18 +16,18 @@ from workers.models.components import load_vae
 from workers.models.presets import get_preset
 from workers.parallel.group import StageGroup
 from workers.parallel.halo import SpatialShard
+from workers.runtime.handler import StageHandler
 from workers.runtime.messages import Command, DecodeChunk, OpenSession, Reply, SessionOpened
-from workers.runtime.servers import StageServer
-from workers.runtime.worker import WorkerSpec
+from workers.runtime.spec import WorkerSpec
 from workers.stages.decode import DecodeSession
 
 
-class DecodeServer(StageServer):
+class DecodeHandler(StageHandler):
     def __init__(self, spec: WorkerSpec, group: StageGroup) -> None:
         super().__init__(spec, group)
         self.preset = get_preset(spec.preset)
         ckpt = Path(spec.checkpoint_dir) if spec.checkpoint_dir else None
-        self.vae = load_vae(self.preset, self.device, ckpt, seed=spec.weights_seed + 1)
+        self.vae = load_vae(self.preset, self.device, ckpt, weights_seed=spec.weights_seed)
         self.shard = SpatialShard.from_group(group) if group.is_multi_rank else None
 
     def handle_stage(self, msg: Command) -> Iterator[Reply]:

@@ -1,0 +1,325 @@
+"""The scheduler's policy, driven with synthetic replies: no process, thread or pipe (milliseconds).
+
+`FakeWorkers` is a test double for the three stages' workers: it answers each command the way a
+worker would (outputs in made-up slots it tracks), and checks that every slot it handed out comes
+back exactly once.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from workers.controls import ChunkControl
+from workers.runtime.channel import Ack, ShmHandle, SlotRef
+from workers.runtime.ledger import SlotKey, slot_key
+from workers.runtime.messages import (
+    STAGES,
+    ChunkDone,
+    CloseSession,
+    Command,
+    DecodeChunk,
+    DenoiseChunk,
+    EncodeChunk,
+    FramesReady,
+    OpenSession,
+    Reply,
+    SessionClosed,
+    SessionOpened,
+    Stage,
+    StageFailed,
+)
+from workers.runtime.records import ChunkOutput
+from workers.runtime.scheduler import (
+    Deliver,
+    Effect,
+    Ended,
+    Hold,
+    ReleaseSlots,
+    Schedule,
+    Scheduler,
+    Send,
+    SessionSpec,
+)
+
+C = 4  # latent frames per chunk
+IMAGE = np.zeros((8, 8, 3), np.uint8)
+_ids = itertools.count()
+
+
+@dataclass
+class Viewer:
+    """A session's callbacks and control source."""
+
+    verdicts: list[object] = field(default_factory=list)  # what the control source answers, in turn
+    parts: list[ChunkOutput] = field(default_factory=list)
+    ended: list[str | None] = field(default_factory=list)
+
+    def control(self, index: int) -> tuple[ChunkControl, bool] | Hold | None:
+        verdict = self.verdicts.pop(0) if self.verdicts else "start"
+        return (ChunkControl(seq=index), False) if verdict == "start" else verdict  # type: ignore[return-value]
+
+
+@dataclass
+class FakeWorkers:
+    sched: Scheduler
+    computing: dict[Stage, Command] = field(default_factory=dict)
+    sent: list[tuple[Stage, Command]] = field(default_factory=list)
+    handed_out: dict[SlotKey, Stage] = field(default_factory=dict)
+    released: list[tuple[Stage, Ack]] = field(default_factory=list)
+    now: float = 0.0
+
+    def run(self, effects: list[Effect]) -> None:
+        for e in effects:
+            if isinstance(e, Send):
+                assert e.stage not in self.computing, f"{e.stage} got a command while busy"
+                self.computing[e.stage] = e.command
+                self.sent.append((e.stage, e.command))
+            elif isinstance(e, ReleaseSlots):
+                for ack in e.acks:
+                    key = slot_key(ack.ref)
+                    assert key is not None and self.handed_out.pop(key) is e.producer, f"bad release {ack}"
+                    self.released.append((e.producer, ack))
+            elif isinstance(e, Deliver):
+                frames = np.zeros((e.part.output.shape[0], 1, 1, 3), np.uint8)  # type: ignore[union-attr]
+                out = ChunkOutput(e.session.id, e.part.chunk_index, frames, e.record, e.part.offset, e.last)
+                e.session.on_chunk(out)
+            else:
+                assert isinstance(e, Ended)
+                e.session.on_end(e.session.id, e.error)
+
+    def slot(self, stage: Stage, rows: int = 1) -> SlotRef:
+        ref = SlotRef("ch", stage.value, 0, next(_ids), 0, (rows,), "uint8", "cpu", ShmHandle("x", 1))
+        self.handed_out[slot_key(ref)] = stage  # type: ignore[index]
+        return ref
+
+    def step(self, dt: float = 0.01) -> None:
+        self.now += dt
+        self.run(self.sched.dispatch(self.now))
+
+    def reply(self, stage: Stage, *replies: Reply) -> None:
+        del self.computing[stage]
+        for r in replies:
+            self.run(self.sched.on_reply(stage, 0, r, self.now))
+
+    def finish(self, stage: Stage) -> None:
+        """The worker's normal answer to what it is computing."""
+        cmd = self.computing[stage]
+        if isinstance(cmd, OpenSession):
+            text = self.slot(stage) if stage is Stage.ENCODE else None
+            acks = (Ack(cmd.text),) if isinstance(cmd.text, SlotRef) else ()
+            self.reply(stage, SessionOpened(stage, 0, cmd.session_id, cmd.epoch, text=text, acks=acks))
+        elif isinstance(cmd, CloseSession):
+            self.reply(stage, SessionClosed(stage, 0, cmd.session_id))
+        elif isinstance(cmd, EncodeChunk):
+            self.reply(stage, ChunkDone(stage, 0, cmd.session_id, cmd.epoch, cmd.chunk_index, 0.1, self.slot(stage)))
+        elif isinstance(cmd, DenoiseChunk):
+            out = self.slot(stage)
+            self.reply(
+                stage, ChunkDone(stage, 0, cmd.session_id, cmd.epoch, cmd.chunk_index, 0.5, out, (Ack(cmd.cond),))
+            )
+        else:
+            assert isinstance(cmd, DecodeChunk)
+            s, e, k = cmd.session_id, cmd.epoch, cmd.chunk_index
+            first = 5 if k == 0 else 4  # the first chunk's first part is latent frames 0 + 1
+            self.reply(
+                stage,
+                FramesReady(stage, 0, s, e, k, 0, False, self.slot(stage, first)),
+                FramesReady(stage, 0, s, e, k, first, True, self.slot(stage, 4 * C - first - (3 if k == 0 else 0))),
+                ChunkDone(stage, 0, s, e, k, 0.3, None, (Ack(cmd.latents),)),
+            )
+
+    def drain(self, max_steps: int = 500) -> None:
+        """Run until nothing is left to do, downstream first, as fast workers would."""
+        for _ in range(max_steps):
+            self.step()
+            if not self.computing:
+                return
+            for stage in reversed(STAGES):
+                if stage in self.computing:
+                    self.finish(stage)
+        raise AssertionError("the pipeline did not settle")
+
+
+def open_session(fw: FakeWorkers, viewer: Viewer, max_chunks: int | None = None) -> SessionSpec:
+    spec = SessionSpec(
+        id=f"s{next(_ids)}",
+        epoch=fw.sched.next_epoch(),
+        seed=0,
+        chunk_latent_frames=C,
+        image=IMAGE,
+        prompt="",
+        control_source=viewer.control,
+        on_chunk=viewer.parts.append,
+        on_end=lambda sid, error: viewer.ended.append(error),
+        max_chunks=max_chunks,
+    )
+    fw.run(fw.sched.open(spec))
+    return spec
+
+
+def make(schedule: Schedule = Schedule.PIPELINED) -> FakeWorkers:
+    sched = Scheduler({s: 1 for s in STAGES}, schedule)
+    for s in STAGES:
+        sched.stage_up(s, 0.0)
+    return FakeWorkers(sched)
+
+
+def commands(fw: FakeWorkers, kind: type, session_id: str | None = None) -> list[tuple[Stage, Command]]:
+    return [(s, c) for s, c in fw.sent if isinstance(c, kind) and session_id in (None, c.session_id)]
+
+
+def test_a_session_runs_to_its_end_in_order_and_every_slot_comes_back() -> None:
+    fw, viewer = make(), Viewer()
+    spec = open_session(fw, viewer, max_chunks=3)
+    fw.drain()
+    assert viewer.ended == [None]
+    # Parts in order, the last of each chunk with its record complete.
+    assert [(p.index, p.offset, p.last) for p in viewer.parts] == [
+        (k, o, o > 0) for k in range(3) for o in ((0, 5) if k == 0 else (0, 4))
+    ]
+    assert all(p.record.num_frames == p.offset + len(p.frames) for p in viewer.parts if p.last)
+    assert [p.record.control.seq for p in viewer.parts if p.last] == [0, 1, 2]  # type: ignore[union-attr]
+    # Closed downstream first, one stage at a time, after the DiT had opened with the encoder's text.
+    assert [s for s, _ in commands(fw, CloseSession)] == [Stage.DECODE, Stage.DIT, Stage.ENCODE]
+    assert [s for s, _ in commands(fw, OpenSession)] == [Stage.DECODE, Stage.ENCODE, Stage.DIT]
+    assert fw.handed_out == {} and fw.sched.counters == {
+        "late_results_dropped": 0,
+        "leaked_slots": 0,
+        "sessions_failed": 0,
+    }
+    assert spec.id not in fw.sched.sessions and fw.sched.outstanding_slots() == 0
+
+
+def test_encode_runs_ahead_by_prefetch_and_the_dit_by_the_edge_capacity() -> None:
+    fw, viewer = make(), Viewer()
+    open_session(fw, viewer)
+    for stage in (Stage.DECODE, Stage.ENCODE):
+        fw.step()
+        fw.finish(stage)
+    fw.step()
+    fw.finish(Stage.DIT)  # opened
+    for _ in range(6):  # the DiT never finishes: encode stops 2 conditions ahead
+        fw.step()
+        if Stage.ENCODE in fw.computing:
+            fw.finish(Stage.ENCODE)
+    assert len(commands(fw, EncodeChunk)) == 3  # chunk 0 went into the DiT, 1 and 2 wait for it
+    for _ in range(10):  # now decode never finishes: the DiT stops with 2 latents waiting for (or in) decode
+        fw.step()
+        for stage in (Stage.DIT, Stage.ENCODE):
+            if stage in fw.computing:
+                fw.finish(stage)
+    assert len(commands(fw, DecodeChunk)) == 1 and len(commands(fw, DenoiseChunk)) == 2
+    assert len(commands(fw, EncodeChunk)) == 4  # and encode stays 2 ahead of the DiT
+
+
+def test_sessions_share_each_stage_round_robin() -> None:
+    fw = make()
+    a, b = Viewer(), Viewer()
+    sa, sb = open_session(fw, a, max_chunks=3), open_session(fw, b, max_chunks=3)
+    fw.drain()
+    order = [c.session_id for _, c in commands(fw, DenoiseChunk)]
+    assert order == [sa.id, sb.id] * 3
+    assert a.ended == b.ended == [None] and fw.handed_out == {}
+
+
+def test_serial_schedule_starts_a_chunk_only_once_the_previous_one_is_out() -> None:
+    fw, viewer = make(Schedule.SERIAL), Viewer()
+    open_session(fw, viewer, max_chunks=3)
+    fw.drain()
+    kinds = [type(c).__name__ for _, c in fw.sent if isinstance(c, EncodeChunk | DenoiseChunk | DecodeChunk)]
+    assert kinds == ["EncodeChunk", "DenoiseChunk", "DecodeChunk"] * 3
+    assert viewer.ended == [None] and fw.handed_out == {}
+
+
+def test_control_source_holds_the_dit() -> None:
+    fw, viewer = make(), Viewer(verdicts=["start", Hold(0.3), None])
+    open_session(fw, viewer, max_chunks=2)
+    for _ in range(8):
+        fw.step()
+        for stage in reversed(STAGES):
+            if stage in fw.computing and not (stage is Stage.DIT and len(commands(fw, DenoiseChunk)) > 1):
+                fw.finish(stage)
+    # Chunk 1 was held twice: once until a time (the engine wakes for it), once until the next pass.
+    assert len(commands(fw, DenoiseChunk)) == 2
+    fw.drain()
+    assert viewer.ended == [None]
+    c = make()
+    c.sched.dispatch(5.0)
+    assert c.sched.retry_at == float("inf")  # nothing held: nothing to wake for
+
+
+def test_a_failing_chunk_ends_only_its_session_and_gives_its_slots_back() -> None:
+    fw = make()
+    bad, good = Viewer(), Viewer()
+    sbad = open_session(fw, bad)
+    open_session(fw, good, max_chunks=2)
+    for _ in range(200):
+        fw.step()
+        cmd = fw.computing.get(Stage.DIT)
+        if isinstance(cmd, DenoiseChunk) and cmd.session_id == sbad.id and cmd.chunk_index == 1:
+            fw.reply(Stage.DIT, StageFailed(Stage.DIT, 0, sbad.id, "dit stage (rank 0): boom", fatal=False))
+            continue
+        for stage in reversed(STAGES):
+            if stage in fw.computing:
+                fw.finish(stage)
+        if bad.ended and good.ended:
+            break
+    assert bad.ended == ["dit stage (rank 0): boom"] and good.ended == [None]
+    assert fw.handed_out == {} and fw.sched.counters["sessions_failed"] == 1
+    assert fw.sched.counters["leaked_slots"] == 0
+
+
+def test_a_dead_stage_fails_every_session() -> None:
+    fw = make()
+    a, b = Viewer(), Viewer()
+    open_session(fw, a)
+    open_session(fw, b)
+    for _ in range(20):
+        fw.step()
+        for stage in reversed(STAGES):
+            if stage in fw.computing:
+                fw.finish(stage)
+    fw.computing.pop(Stage.DECODE, None)  # its process is gone
+    fw.run(fw.sched.stage_down(Stage.DECODE, "decode worker died (killed or crashed)"))
+    fw.drain()
+    assert a.ended == b.ended == ["decode worker died (killed or crashed)"]
+    assert not fw.sched.lanes[Stage.DECODE].alive and fw.sched.sessions == {}
+    # The dead stage's own slots die with it; every other producer got its slots back.
+    assert all(stage is Stage.DECODE for stage in fw.handed_out.values())
+
+
+def test_closing_while_opening_drops_the_late_reply_and_frees_its_output() -> None:
+    fw, viewer = make(), Viewer()
+    spec = open_session(fw, viewer)
+    fw.step()  # decode and encode are opening it
+    fw.run(fw.sched.close(spec.id))
+    assert viewer.ended == [None]  # nothing had opened yet: nothing to close
+    fw.finish(Stage.DECODE)
+    fw.finish(Stage.ENCODE)  # its prompt embeddings come back for a session that is gone
+    assert fw.sched.counters["late_results_dropped"] == 2
+    assert fw.handed_out == {}  # the embeddings' slot was handed back at once
+
+
+def test_closing_mid_chunk_discards_queued_work_and_closes_in_reverse() -> None:
+    fw, viewer = make(), Viewer()
+    spec = open_session(fw, viewer)
+    for _ in range(12):
+        fw.step()
+        for stage in reversed(STAGES):
+            if stage in fw.computing:
+                fw.finish(stage)
+    fw.run(fw.sched.close(spec.id))
+    fw.drain()
+    assert viewer.ended == [None] and fw.handed_out == {}
+    closes = [s for s, c in commands(fw, CloseSession)]
+    assert closes == [Stage.DECODE, Stage.DIT, Stage.ENCODE]
+    assert fw.sched.counters["leaked_slots"] == 0
+
+
+def test_bad_construction() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        Scheduler({s: 1 for s in STAGES}, prefetch_chunks=0)

@@ -1,0 +1,575 @@
+"""The scheduler: every decision the pipeline engine makes, and none of its plumbing.
+
+It keeps the session table (enum states, epochs), one lane per stage (the command the stage is
+computing, its queued open/close commands, a round-robin pointer, busy and idle time) and each
+session's slot ledger. Its inputs are requests (open, close), worker replies and stage deaths, each
+with a clock reading; its outputs are effects, which the engine carries out in order:
+
+    Send(stage, command)          to every rank of the stage
+    ReleaseSlots(producer, acks)  hand consumed or discarded slots back to their producer
+    Deliver(session, part, ...)   copy part of a chunk's frames out of the frame ring and hand them
+                                  to the session (a ReleaseSlots for that slot always follows)
+    Ended(session, error)         the session is over
+
+No pipes, threads or processes: tests drive it with synthetic replies in milliseconds.
+
+Policy:
+- Downstream first: each pass offers decode, then DiT, then encode, so finished work drains before
+  new work fills the pipe. Sessions share a stage round robin, at chunk boundaries.
+- Bounds per session: at most `prefetch_chunks` conditions encoded ahead of the DiT and at most
+  `edge_capacity` latents waiting for (or in) decode. `Schedule.SERIAL`, the A/B baseline, starts
+  chunk k+1 only once chunk k's frames are out.
+- A chunk's control is sampled when the DiT could start it, from the session's control source,
+  which may also hold the chunk back (None: until the next pass; Hold: until a time).
+- Epochs: every command carries its session's epoch; a reply for a session closed (or failed) since
+  is a late result: dropped, counted, and its slots handed back.
+- Close: once nothing is in flight, per-stage state is released one stage at a time, downstream
+  first; whatever the session's ledger still holds then has leaked (counted).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from workers.controls import ChunkControl
+from workers.runtime.channel import Ack, InlineTensor
+from workers.runtime.ledger import SlotLedger, acks_to_forward, slot_key
+from workers.runtime.messages import (
+    STAGES,
+    UPSTREAM,
+    ChunkDone,
+    CloseSession,
+    Command,
+    DecodeChunk,
+    DenoiseChunk,
+    EncodeChunk,
+    FramesReady,
+    OpenSession,
+    Reply,
+    SessionOpened,
+    Stage,
+    StageFailed,
+    TensorRef,
+)
+from workers.runtime.records import ChunkOutput, ChunkRecord
+
+
+class Schedule(Enum):
+    PIPELINED = "pipelined"
+    SERIAL = "serial"  # the A/B baseline: one chunk through all stages at a time
+
+
+class SessionState(Enum):
+    OPENING = "opening"
+    RUNNING = "running"
+    CLOSING = "closing"
+    CLOSED = "closed"
+    FAILED = "failed"
+
+
+class CommandKind(Enum):
+    OPEN = "open"
+    CHUNK = "chunk"
+    CLOSE = "close"
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A control source's "not yet": ask again in `retry_in_s` (the engine wakes for it)."""
+
+    retry_in_s: float
+
+
+# chunk index -> (control, reset pose) to start the chunk now; Hold to start it later; None to hold
+# it back until something changes (asked again on the next pass). The consumer's flow control.
+ControlSource = Callable[[int], tuple[ChunkControl, bool] | Hold | None]
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    id: str
+    epoch: int
+    seed: int
+    chunk_latent_frames: int
+    image: np.ndarray  # HxWx3 uint8, fitted to the model
+    prompt: str
+    control_source: ControlSource
+    on_chunk: Callable[[ChunkOutput], None]
+    on_end: Callable[[str, str | None], None]  # (session id, error or None)
+    max_chunks: int | None = None
+
+
+@dataclass
+class Session:
+    spec: SessionSpec
+    state: SessionState = SessionState.OPENING
+    opened: set[Stage] = field(default_factory=set)
+    closed: set[Stage] = field(default_factory=set)
+    next_encode: int = 0
+    next_dit: int = 0
+    chunks_out: int = 0
+    encoded: deque[tuple[int, TensorRef]] = field(default_factory=deque)  # conditions waiting for the DiT
+    denoised: deque[tuple[int, TensorRef]] = field(default_factory=deque)  # latents waiting for decode
+    computing: dict[Stage, int] = field(default_factory=dict)  # stage -> the chunk it computes for us
+    records: dict[int, ChunkRecord] = field(default_factory=dict)
+    ledger: SlotLedger = field(default_factory=SlotLedger)
+    last_part: FramesReady | None = None  # a chunk's final frames, held until its decode is done
+    error: str | None = None
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    def record(self, index: int) -> ChunkRecord:
+        if index not in self.records:
+            self.records[index] = ChunkRecord(index)
+        return self.records[index]
+
+    def wants_more(self, index: int) -> bool:
+        limit = self.spec.max_chunks
+        return self.state is SessionState.RUNNING and (limit is None or index < limit)
+
+
+@dataclass
+class Assignment:
+    """The one command a stage is computing; a multi-rank stage replies once per rank."""
+
+    session_id: str
+    epoch: int
+    kind: CommandKind
+    chunk_index: int | None
+    inputs: tuple[tuple[Stage, TensorRef], ...] = ()  # (producer, ref) the command reads
+    replies: list[Reply] = field(default_factory=list)
+
+
+@dataclass
+class Lane:
+    """One stage as the scheduler sees it."""
+
+    stage: Stage
+    world_size: int
+    alive: bool = False
+    assignment: Assignment | None = None
+    queued: deque[OpenSession | CloseSession] = field(default_factory=deque)  # ahead of chunk work
+    rr: int = 0  # round-robin pointer over sessions
+    idle_since: float | None = None
+    idle_intervals: list[tuple[float, float]] = field(default_factory=list)  # since the scheduler's origin
+    busy_s: float = 0.0
+
+
+# ---- effects ----
+
+
+@dataclass(frozen=True)
+class Send:
+    stage: Stage
+    command: Command
+
+
+@dataclass(frozen=True)
+class ReleaseSlots:
+    producer: Stage
+    acks: tuple[Ack, ...]
+
+
+@dataclass(frozen=True)
+class Deliver:
+    session: SessionSpec
+    part: FramesReady
+    record: ChunkRecord
+    last: bool
+
+
+@dataclass(frozen=True)
+class Ended:
+    session: SessionSpec
+    error: str | None
+
+
+Effect = Send | ReleaseSlots | Deliver | Ended
+
+
+def _inputs_of(cmd: Command) -> tuple[tuple[Stage, TensorRef], ...]:
+    if isinstance(cmd, DenoiseChunk):
+        return ((Stage.ENCODE, cmd.cond),)
+    if isinstance(cmd, DecodeChunk):
+        return ((Stage.DIT, cmd.latents),)
+    if isinstance(cmd, OpenSession) and cmd.text is not None:
+        return ((Stage.ENCODE, cmd.text),)
+    return ()
+
+
+def _frames_in(ref: TensorRef) -> int:
+    return int(ref.tensor.shape[0]) if isinstance(ref, InlineTensor) else ref.shape[0]
+
+
+class Scheduler:
+    def __init__(
+        self,
+        world_sizes: dict[Stage, int],
+        schedule: Schedule = Schedule.PIPELINED,
+        prefetch_chunks: int = 2,
+        edge_capacity: int = 2,
+        origin_t: float = 0.0,
+    ) -> None:
+        if prefetch_chunks < 1 or edge_capacity < 1:
+            raise ValueError("prefetch_chunks and edge_capacity must be at least 1")
+        self.schedule = schedule
+        self.prefetch_chunks = 1 if schedule is Schedule.SERIAL else prefetch_chunks
+        self.edge_capacity = edge_capacity
+        self.origin_t = origin_t  # idle intervals count from here
+        self.lanes = {s: Lane(s, world_sizes[s]) for s in STAGES}
+        self.sessions: dict[str, Session] = {}
+        self.counters = {"late_results_dropped": 0, "leaked_slots": 0, "sessions_failed": 0}
+        self.retry_at = math.inf  # the earliest Hold deadline of the last pass
+        self._epochs = itertools.count(1)
+        self._out: list[Effect] = []
+
+    # ---- requests ----
+
+    def next_epoch(self) -> int:
+        return next(self._epochs)
+
+    def active_sessions(self) -> int:
+        return sum(s.state in (SessionState.OPENING, SessionState.RUNNING) for s in self.sessions.values())
+
+    def open(self, spec: SessionSpec) -> list[Effect]:
+        """Start a session: the encode and decode stages open it first (the DiT needs the prompt's embeddings)."""
+        self.sessions[spec.id] = Session(spec)
+        c = spec.chunk_latent_frames
+        self.lanes[Stage.ENCODE].queued.append(OpenSession(spec.id, spec.epoch, c, spec.seed, spec.image, spec.prompt))
+        self.lanes[Stage.DECODE].queued.append(OpenSession(spec.id, spec.epoch, c, spec.seed))
+        return self._flush()
+
+    def close(self, session_id: str, error: str | None = None) -> list[Effect]:
+        session = self.sessions.get(session_id)
+        if session is not None and session.state in (SessionState.OPENING, SessionState.RUNNING):
+            session.state = SessionState.CLOSING
+            session.error = error
+            self._discard_queued(session)
+            self._maybe_finish_close(session)
+        return self._flush()
+
+    def fail_all(self, error: str) -> list[Effect]:
+        """Something went wrong in the engine itself: end every session now and forget all work."""
+        for session in list(self.sessions.values()):
+            self._finish(session, SessionState.FAILED, error)
+        for lane in self.lanes.values():
+            lane.assignment = None
+            lane.queued.clear()
+        return self._flush()
+
+    def end_all(self) -> list[Effect]:
+        """The engine is shutting down: every session ends (without error)."""
+        for session in list(self.sessions.values()):
+            self._finish(session, SessionState.CLOSED, None)
+        return self._flush()
+
+    # ---- worker events ----
+
+    def stage_up(self, stage: Stage, now: float) -> None:
+        lane = self.lanes[stage]
+        lane.alive, lane.idle_since = True, now
+
+    def stage_down(self, stage: Stage, error: str) -> list[Effect]:
+        """A stage's workers died or failed fatally: every session loses its state there; fail them all."""
+        lane = self.lanes[stage]
+        lost = lane.assignment
+        lane.alive, lane.assignment = False, None
+        lane.queued.clear()
+        for session in list(self.sessions.values()):
+            # The dead stage's command will never reply: forget it, and give back what it was reading.
+            session.computing.pop(stage, None)
+            if lost is not None and lost.session_id == session.id:
+                self._release_unread(session, lost, [])
+            if session.state in (SessionState.OPENING, SessionState.RUNNING, SessionState.CLOSING):
+                self._fail(session, error)
+        return self._flush()
+
+    def on_reply(self, stage: Stage, rank: int, msg: Reply, now: float) -> list[Effect]:
+        if isinstance(msg, StageFailed) and msg.fatal:
+            return self.stage_down(stage, msg.error)
+        if isinstance(msg, FramesReady):
+            self._on_frames(msg, now)  # ahead of the command's reply, which ends it
+            return self._flush()
+        lane = self.lanes[stage]
+        assignment = lane.assignment
+        assert assignment is not None, f"unexpected reply from {stage.value}: {msg!r}"
+        assignment.replies.append(msg)
+        if len(assignment.replies) < lane.world_size:
+            return self._flush()
+        lane.assignment, lane.idle_since = None, now
+        self._on_assignment_done(stage, assignment, now)
+        return self._flush()
+
+    # ---- dispatch ----
+
+    def dispatch(self, now: float) -> list[Effect]:
+        """Offer every idle stage its next command (downstream first)."""
+        self.retry_at = math.inf
+        for stage in reversed(STAGES):
+            lane = self.lanes[stage]
+            if not lane.alive or lane.assignment is not None:
+                continue
+            if lane.queued:
+                cmd = lane.queued.popleft()
+                session = self.sessions.get(cmd.session_id)
+                if session is not None:
+                    kind = CommandKind.CLOSE if isinstance(cmd, CloseSession) else CommandKind.OPEN
+                    self._assign(lane, cmd, kind, session, None, now)
+                continue
+            order = list(self.sessions.values())
+            for i in range(len(order)):
+                session = order[(lane.rr + i) % len(order)]
+                if session.state is not SessionState.RUNNING:
+                    continue
+                work = self._next_work(stage, session, now)
+                if work is not None:
+                    lane.rr = (lane.rr + i + 1) % len(order)
+                    self._assign(lane, work, CommandKind.CHUNK, session, work.chunk_index, now)
+                    break
+        return self._flush()
+
+    def report(self, now: float) -> dict[str, Any]:
+        """Busy and idle seconds per stage; idle time counts while sessions are open, up to `now`."""
+        out = {}
+        for stage, lane in self.lanes.items():
+            idle = sum(b - a for a, b in lane.idle_intervals)
+            if lane.idle_since is not None and self.sessions:
+                idle += now - lane.idle_since
+            out[stage.value] = {"busy_s": lane.busy_s, "idle_s": idle, "idle_intervals": list(lane.idle_intervals)}
+        return out
+
+    def outstanding_slots(self) -> int:
+        return sum(len(s.ledger) for s in self.sessions.values())
+
+    # ---- internals: work ----
+
+    def _next_work(self, stage: Stage, s: Session, now: float) -> EncodeChunk | DenoiseChunk | DecodeChunk | None:
+        serial = self.schedule is Schedule.SERIAL
+        if stage is Stage.ENCODE:
+            k = s.next_encode
+            ahead = len(s.encoded) + (Stage.ENCODE in s.computing)
+            if not s.wants_more(k) or ahead >= self.prefetch_chunks or (serial and k > s.chunks_out):
+                return None
+            s.next_encode += 1
+            s.record(k).stages[Stage.ENCODE].ready_t = now
+            return EncodeChunk(s.id, s.spec.epoch, k)
+        if stage is Stage.DIT:
+            if not s.encoded or s.encoded[0][0] != s.next_dit:
+                return None
+            waiting = len(s.denoised) + (Stage.DECODE in s.computing)
+            if waiting >= self.edge_capacity or (serial and s.next_dit > s.chunks_out):
+                return None
+            sampled = s.spec.control_source(s.next_dit)  # controls are sampled now, when the DiT could start
+            if sampled is None:
+                return None
+            if isinstance(sampled, Hold):
+                self.retry_at = min(self.retry_at, now + sampled.retry_in_s)
+                return None
+            control, reset = sampled
+            k, cond = s.encoded.popleft()
+            s.next_dit += 1
+            s.record(k).control = control
+            return DenoiseChunk(s.id, s.spec.epoch, k, cond, control, reset)
+        if not s.denoised:
+            return None
+        k, latents = s.denoised.popleft()
+        return DecodeChunk(s.id, s.spec.epoch, k, latents)
+
+    def _assign(
+        self, lane: Lane, cmd: Command, kind: CommandKind, session: Session, chunk: int | None, now: float
+    ) -> None:
+        if lane.idle_since is not None and self.sessions:
+            lane.idle_intervals.append((lane.idle_since - self.origin_t, now - self.origin_t))
+        lane.idle_since = None
+        lane.assignment = Assignment(session.id, session.spec.epoch, kind, chunk, _inputs_of(cmd))
+        if kind is CommandKind.CHUNK:
+            assert chunk is not None
+            session.computing[lane.stage] = chunk
+            session.record(chunk).stages[lane.stage].dispatch_t = now
+        self._out.append(Send(lane.stage, cmd))
+
+    # ---- internals: replies ----
+
+    def _on_assignment_done(self, stage: Stage, assignment: Assignment, now: float) -> None:
+        replies = assignment.replies
+        session = self.sessions.get(assignment.session_id)
+        current = session is not None and session.spec.epoch == assignment.epoch
+        # Inputs every rank has read can go back to their producer now.
+        acks = [a for r in replies if isinstance(r, ChunkDone | SessionOpened) for a in r.acks]
+        if acks and stage in UPSTREAM:
+            if current:
+                assert session is not None
+                for ack in acks:
+                    session.ledger.untrack(ack.ref)
+            self._release_acks(UPSTREAM[stage], acks_to_forward(acks))
+        first = next(r for r in replies if r.rank == 0)  # rank 0 carries the stage's output
+        if assignment.kind is CommandKind.CLOSE:
+            if session is not None:
+                session.closed.add(stage)
+                self._maybe_finish_close(session)
+            return
+        if session is None or not current:
+            self.counters["late_results_dropped"] += 1
+            out = first.output if isinstance(first, ChunkDone) else None
+            if isinstance(first, SessionOpened):
+                out = first.text
+            if out is not None:
+                self._release_acks(stage, [Ack.of(out, "discarded")])
+            self._release_unread(None, assignment, acks)
+            return
+        if assignment.kind is CommandKind.CHUNK:
+            session.computing.pop(stage, None)
+        failures = [r for r in replies if isinstance(r, StageFailed)]
+        if failures:
+            self._release_unread(session, assignment, acks)
+            self._fail(session, failures[0].error)
+            return
+        if isinstance(first, SessionOpened):
+            self._on_opened(session, stage, first)
+        else:
+            assert isinstance(first, ChunkDone), first
+            self._on_chunk_done(session, stage, first, now)
+        if session.state is SessionState.CLOSING:
+            self._discard_queued(session)
+            self._maybe_finish_close(session)
+
+    def _on_opened(self, session: Session, stage: Stage, reply: SessionOpened) -> None:
+        session.opened.add(stage)
+        if stage is Stage.ENCODE:
+            assert reply.text is not None
+            session.ledger.track(reply.text)
+            spec = session.spec
+            self.lanes[Stage.DIT].queued.append(
+                OpenSession(spec.id, spec.epoch, spec.chunk_latent_frames, spec.seed, text=reply.text)
+            )
+        if session.opened == set(STAGES) and session.state is SessionState.OPENING:
+            session.state = SessionState.RUNNING
+
+    def _on_chunk_done(self, session: Session, stage: Stage, reply: ChunkDone, now: float) -> None:
+        rec = session.record(reply.chunk_index)
+        tm = rec.stages[stage]
+        tm.done_t, tm.busy_s = now, reply.busy_s
+        self.lanes[stage].busy_s += reply.busy_s
+        if stage is Stage.DECODE:  # its frames came ahead, as FramesReady parts
+            last, session.last_part = session.last_part, None
+            session.chunks_out += 1
+            if last is not None:  # None: the session stopped running while the chunk decoded
+                assert last.chunk_index == reply.chunk_index, "a chunk's last frames came with another chunk"
+                self._deliver(session, last, now, done=True)
+            limit = session.spec.max_chunks
+            if limit is not None and session.chunks_out >= limit and session.state is SessionState.RUNNING:
+                session.state = SessionState.CLOSING
+                self._discard_queued(session)
+                self._maybe_finish_close(session)
+            return
+        assert reply.output is not None, f"{stage.value} rank 0 published no output"
+        session.ledger.track(reply.output)
+        if stage is Stage.ENCODE:
+            session.encoded.append((reply.chunk_index, reply.output))
+            rec.stages[Stage.DIT].ready_t = now
+        else:
+            session.denoised.append((reply.chunk_index, reply.output))
+            rec.stages[Stage.DECODE].ready_t = now
+
+    def _on_frames(self, msg: FramesReady, now: float) -> None:
+        """Part of a chunk's frames: hand on all but the last part now, the last one with the chunk's
+        ChunkDone (its record complete)."""
+        session = self.sessions.get(msg.session_id)
+        if session is None or session.spec.epoch != msg.epoch or session.state is not SessionState.RUNNING:
+            self._release_acks(Stage.DECODE, [Ack.of(msg.output, "discarded")])  # nobody will show them
+            return
+        session.ledger.track(msg.output)
+        if msg.last:
+            session.last_part = msg
+        else:
+            self._deliver(session, msg, now, done=False)
+
+    def _deliver(self, session: Session, part: FramesReady, now: float, done: bool) -> None:
+        rec = session.record(part.chunk_index)
+        rec.num_frames = part.offset + _frames_in(part.output)
+        if part.offset == 0:
+            rec.frames_ready_t = now  # the chunk's first frames are out
+        self._out.append(Deliver(session.spec, part, rec, last=done))
+        self._release(session, Stage.DECODE, [part.output], "copied")
+
+    # ---- internals: closing ----
+
+    def _fail(self, session: Session, error: str) -> None:
+        self.counters["sessions_failed"] += 1
+        if session.state is SessionState.CLOSING:
+            session.error = session.error or error
+        else:
+            session.state, session.error = SessionState.CLOSING, error
+            self._discard_queued(session)
+        self._maybe_finish_close(session)
+
+    def _discard_queued(self, session: Session) -> None:
+        if session.last_part is not None:
+            self._release(session, Stage.DECODE, [session.last_part.output], "discarded")
+            session.last_part = None
+        for waiting, producer in ((session.encoded, Stage.ENCODE), (session.denoised, Stage.DIT)):
+            while waiting:
+                _, ref = waiting.popleft()
+                self._release(session, producer, [ref], "discarded")
+
+    def _maybe_finish_close(self, session: Session) -> None:
+        """Once nothing is in flight, release per-stage state in reverse pipeline order."""
+        if session.computing:
+            return
+        for stage in reversed(STAGES):
+            lane = self.lanes[stage]
+            if stage in session.closed:
+                continue
+            if not lane.alive or stage not in session.opened:
+                session.closed.add(stage)
+                continue
+            if not any(isinstance(c, CloseSession) and c.session_id == session.id for c in lane.queued):
+                lane.queued.append(CloseSession(session.id))
+            return  # one stage at a time, downstream first
+        if len(session.ledger) and all(lane.alive for lane in self.lanes.values()):
+            self.counters["leaked_slots"] += len(session.ledger)
+        final = SessionState.FAILED if session.error else SessionState.CLOSED
+        self._finish(session, final, session.error)
+
+    def _finish(self, session: Session, state: SessionState, error: str | None) -> None:
+        session.state = state
+        self.sessions.pop(session.id, None)
+        self._out.append(Ended(session.spec, error))
+
+    # ---- internals: slots ----
+
+    def _release(self, session: Session, producer: Stage, refs: list[TensorRef], outcome: str) -> None:
+        """Release whole slots on a consumer's behalf (copied out by the engine, or discarded)."""
+        for ref in refs:
+            session.ledger.untrack(ref)
+        self._release_acks(producer, [Ack.of(ref, outcome) for ref in refs])  # type: ignore[arg-type]
+
+    def _release_unread(self, session: Session | None, assignment: Assignment, acks: list[Ack]) -> None:
+        """A failed or stale command may not have acked its inputs: give those slots back."""
+        acked = {slot_key(a.ref) for a in acks}
+        for producer, ref in assignment.inputs:
+            key = slot_key(ref)
+            if key is None or key in acked:
+                continue
+            if session is not None:
+                session.ledger.untrack(ref)
+            self._release_acks(producer, [Ack.of(ref, "discarded")])
+
+    def _release_acks(self, producer: Stage, acks: list[Ack]) -> None:
+        acks = [a for a in acks if a.ref is not None]  # inline tensors hold no slot
+        if acks and self.lanes[producer].alive:
+            self._out.append(ReleaseSlots(producer, tuple(acks)))
+
+    def _flush(self) -> list[Effect]:
+        out, self._out = self._out, []
+        return out
