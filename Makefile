@@ -1,4 +1,5 @@
 # Two entry points: `make run` (the main job) and `make test` (lint + tests). Both set up .venv first.
+# `make test-fast` is the tier that runs in under a minute; `make lint` is ruff, its formatter and mypy.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -36,8 +37,13 @@ browser:
 	  else echo "note: chromium is not installed (sudo make browser); the browser test will be skipped"; fi; \
 	fi
 
+# The same checks as .pre-commit-config.yaml: lint, format, types (strict on the server, runtime and
+# wire) and the import layers (no cycles, no torch in the wire contract).
 lint: setup
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 
 # The full suite CI runs (soak tests marked `slow` only on purpose: `pytest -m slow`).
 test: lint browser

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fractions import Fraction
 from pathlib import Path
 from types import TracebackType
+from typing import cast
 
 import av
 import numpy as np
@@ -16,7 +17,7 @@ class Mp4Writer:
         self.path = Path(path)
         self._container = av.open(str(path), mode="w")
         codec = "libx264" if "libx264" in av.codecs_available else "mpeg4"
-        self._stream = self._container.add_stream(codec, rate=Fraction(fps, 1))
+        self._stream = cast(av.VideoStream, self._container.add_stream(codec, rate=Fraction(fps, 1)))
         self._stream.width = width_px
         self._stream.height = height_px
         self._stream.pix_fmt = "yuv420p"

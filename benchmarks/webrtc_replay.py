@@ -42,7 +42,7 @@ from benchmarks.local_server import local_server
 from benchmarks.trace import Trace
 from benchmarks.webrtc_client import WebRTCClient, use_loopback_if_local
 from server.dispatch import DispatchPolicy
-from workers.chunk_geometry import chunk_num_frames
+from workers.chunk_geometry import VAE_TIME_STRIDE
 
 STEADY_WAIT_S = 120.0  # for every viewer's second chunk to arrive
 
@@ -120,7 +120,8 @@ async def run_policy(args: argparse.Namespace, url: str, trace: Trace, policy: s
     for c, server in zip(clients, servers, strict=True):
         ready = c.run.ready or {}
         fps = ready.get("fps", 16)
-        first = chunk_num_frames(0, ready.get("chunk_frames", 16) // 4)
+        # The first chunk is 3 frames short of the others (workers/chunk_geometry.py).
+        first = ready.get("chunk_frames", 16) - (VAE_TIME_STRIDE - 1)
         report = analyze(c.run.frames, c.run.chunks, c.run.sent, fps, first, c.run.stamped)
         m = server.get("metrics", {})
         report |= {

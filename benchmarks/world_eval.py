@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             "controllability": control["accuracy"],
         }
     targets = {k: v for k, v in TARGETS.items() if k in headline}
-    met = {k: headline[k] is not None and headline[k] >= v for k, v in targets.items()}
+    met = {k: (got := headline[k]) is not None and got >= v for k, v in targets.items()}
     strip_path = args.strip or args.out.with_suffix(".png")
     strip_path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(strip).save(strip_path)

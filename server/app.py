@@ -100,8 +100,8 @@ def create_app(settings: Settings) -> FastAPI:
     state = AppState(settings)
     set_video_bitrate(settings.video_bitrate_bps, fps=state.fps)
     use_loopback_candidates(settings.is_loopback)
-    ports = None if settings.udp_port_min is None else (settings.udp_port_min, settings.udp_port_max)
-    use_udp_port_range(ports)  # type: ignore[arg-type]
+    lo, hi = settings.udp_port_min, settings.udp_port_max
+    use_udp_port_range(None if lo is None or hi is None else (lo, hi))  # both or neither (validated)
 
     async def load() -> None:
         t0 = time.monotonic()
@@ -385,7 +385,7 @@ class BodyLimit:
 
         async def limited_receive() -> dict[str, Any]:
             nonlocal seen
-            message = await receive()
+            message: dict[str, Any] = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:

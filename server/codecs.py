@@ -88,7 +88,13 @@ def _limits(mod: ModuleType) -> BitrateLimits:
 
 
 def _apply(mod: ModuleType, lim: BitrateLimits) -> None:
-    mod.DEFAULT_BITRATE, mod.MIN_BITRATE, mod.MAX_BITRATE = lim.default_bps, lim.min_bps, lim.max_bps
+    # aiortc reads these module constants when it builds an encoder.
+    for name, value in (
+        ("DEFAULT_BITRATE", lim.default_bps),
+        ("MIN_BITRATE", lim.min_bps),
+        ("MAX_BITRATE", lim.max_bps),
+    ):
+        setattr(mod, name, value)
 
 
 def video_encoder_settings() -> VideoEncoderSettings:

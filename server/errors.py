@@ -55,5 +55,5 @@ HTTP_STATUS: dict[type[ServerError], int] = {
 def http_status(exc: ServerError) -> int:
     for cls in type(exc).__mro__:
         if cls in HTTP_STATUS:
-            return HTTP_STATUS[cls]  # type: ignore[index]
+            return HTTP_STATUS[cls]
     return 500

@@ -26,7 +26,7 @@ def use_loopback_candidates(enabled: bool) -> None:
     def loopback_only(use_ipv4: bool, use_ipv6: bool) -> list[str]:
         return ["127.0.0.1"] if use_ipv4 else []
 
-    aioice.ice.get_host_addresses = loopback_only if enabled else _original_get_host_addresses  # type: ignore[assignment]
+    aioice.ice.get_host_addresses = loopback_only if enabled else _original_get_host_addresses
 
 
 def _is_loopback(host: str) -> bool:
@@ -79,7 +79,7 @@ class _PortRange:
                         continue
                 raise OSError(f"no free UDP port in {self.lo}-{self.hi} on {local_addr[0]}")
 
-            loop.create_datagram_endpoint = bounded  # type: ignore[method-assign]
+            loop.create_datagram_endpoint = bounded  # type: ignore[method-assign,assignment]
         self._active += 1
 
     def uninstall(self, loop: asyncio.AbstractEventLoop) -> None:

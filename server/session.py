@@ -119,7 +119,7 @@ class ServerSession:
         self._lock = threading.Lock()
         self._control_times: deque[tuple[int, float]] = deque(maxlen=PENDING_CONTROLS)  # (seq, arrival)
         self._awaiting_display: dict[int, list[float]] = {}  # chunk -> arrivals of controls it applied first
-        self._chunk_parts: dict[int, list[list[int]]] = {}  # chunk -> [first_frame, pts_start, n] per part
+        self._chunk_parts: dict[int, list[tuple[int, int, int]]] = {}  # chunk -> (first_frame, pts_start, n) per part
         self._control_to_frame: deque[float] = deque(maxlen=LATENCY_SAMPLES)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._last_message_t = time.monotonic()
@@ -275,8 +275,8 @@ class ServerSession:
             self.prompt,
             self.seed,
             self._sample_control,
-            lambda out: self.loop.call_soon_threadsafe(self._on_chunk, out),
-            lambda sid, err: self.loop.call_soon_threadsafe(self._on_engine_end, err),
+            self._chunk_from_engine,
+            self._end_from_engine,
             chunk_latent_frames=self.chunk_latent_frames,
         )
         self._spawn(self._watch_heartbeat(), "heartbeat")
@@ -335,7 +335,7 @@ class ServerSession:
         # frames queued ahead of it. Exact unless the pacer later drops frames before it.
         pts_start = (pacer.sent + pacer.depth - n) * pacer.pts_step
         parts = self._chunk_parts.setdefault(out.index, [])
-        parts.append([first_frame, pts_start, n])
+        parts.append((first_frame, pts_start, n))
         now = time.monotonic()
         next_due = pacer.next_due_s if pacer.started else now
         assert next_due is not None
@@ -363,7 +363,7 @@ class ServerSession:
         if arrivals:
             self._awaiting_display[out.index] = arrivals  # measured when its first frame goes out
 
-    def _on_chunk_done(self, out: ChunkOutput, parts: list[list[int]]) -> None:
+    def _on_chunk_done(self, out: ChunkOutput, parts: list[tuple[int, int, int]]) -> None:
         rec = out.record
         self.chunks += 1
         for stage, tm in rec.stages.items():
@@ -372,6 +372,9 @@ class ServerSession:
             start_to_pacer = self.dispatch.latency_of(out.index)
         step = self.pacer.pts_step
         _, last_pts, last_n = parts[-1]
+        timings: dict[str, float | None] = {f"{s.value}_s": tm.busy_s for s, tm in rec.stages.items()}
+        timings["queue_s"] = sum((tm.queue_wait_s or 0.0) for tm in rec.stages.values())
+        timings["start_to_pacer_s"] = start_to_pacer
         self._send(
             ChunkMsg(
                 index=out.index,
@@ -383,11 +386,7 @@ class ServerSession:
                 parts=parts,
                 applied_seq=rec.control.seq if rec.control is not None else None,
                 applied_keys=sorted(rec.control.keys) if rec.control is not None else [],
-                timings={f"{s.value}_s": tm.busy_s for s, tm in rec.stages.items()}
-                | {
-                    "queue_s": sum((tm.queue_wait_s or 0.0) for tm in rec.stages.values()),
-                    "start_to_pacer_s": start_to_pacer,
-                },
+                timings=timings,
                 stages={
                     s.value: (tm.dispatch_t - self._open_perf_t, tm.done_t - self._open_perf_t)
                     for s, tm in rec.stages.items()
@@ -404,6 +403,14 @@ class ServerSession:
             latency = max(0.0, emit_t - arrived)
             self._control_to_frame.append(latency)
             self.metrics.control_to_frame.observe(latency)
+
+    # Engine callbacks come on its scheduler thread: hand them to the loop.
+
+    def _chunk_from_engine(self, out: ChunkOutput) -> None:
+        self.loop.call_soon_threadsafe(self._on_chunk, out)
+
+    def _end_from_engine(self, session_id: str, error: str | None) -> None:
+        self.loop.call_soon_threadsafe(self._on_engine_end, error)
 
     def _on_engine_end(self, error: str | None) -> None:
         if error is not None and self.state in ACTIVE:

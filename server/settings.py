@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from server.dispatch import DispatchPolicy
@@ -50,7 +50,7 @@ class Settings(BaseSettings):
 
     @field_validator("udp_port_max")
     @classmethod
-    def _range(cls, v: int | None, info) -> int | None:
+    def _range(cls, v: int | None, info: ValidationInfo) -> int | None:
         lo = info.data.get("udp_port_min")
         if (v is None) != (lo is None):
             raise ValueError("set both udp_port_min and udp_port_max, or neither")

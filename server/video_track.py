@@ -45,7 +45,7 @@ class PacedVideoTrack(VideoStreamTrack):
         self.last: PacedFrame | None = None  # the frame most recently handed to aiortc
         self._executor = ThreadPoolExecutor(max_workers=convert_threads, thread_name_prefix=CONVERT_THREAD_PREFIX)
 
-    async def recv(self) -> VideoFrame:  # type: ignore[override]
+    async def recv(self) -> VideoFrame:
         if self.readyState != "live":
             raise MediaStreamError
         try:

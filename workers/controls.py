@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -49,7 +50,7 @@ class ChunkControl:
     seq: int | None = None  # the last client control message folded into this state
 
     @staticmethod
-    def from_keys(keys: list[str] | set[str] | frozenset[str], seq: int | None = None) -> ChunkControl:
+    def from_keys(keys: Iterable[str], seq: int | None = None) -> ChunkControl:
         canonical = {k for k in (canonical_key(n) for n in keys) if k is not None}
         return ChunkControl(keys=frozenset(canonical), seq=seq)
 

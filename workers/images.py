@@ -36,7 +36,7 @@ def read_image(source: str | Path | bytes | np.ndarray) -> np.ndarray:
             img = Image.open(source)
         img.load()
     except FileNotFoundError:
-        raise ImageError(f"image file not found: {source}") from None
+        raise ImageError(f"image file not found: {source!s}") from None
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
         raise ImageError(f"unreadable image: {exc}") from None
     return np.asarray(img.convert("RGB"))

@@ -79,6 +79,7 @@ class SerialSession:
             t2 = time.perf_counter()
             frames = self.decode.run_chunk(latents)
             t3 = time.perf_counter()
+        assert frames is not None  # one process decodes the whole frame
         result = ChunkResult(
             index=self.chunks_done,
             frames=frames,

@@ -166,9 +166,9 @@ def test_model_publishes_the_control_contract_and_limits(client: TestClient) -> 
 
 def test_cors_allowlist() -> None:
     app = create_app(Settings(model="tiny", placement="cpu", cors_origins=["http://studio.example"]))
-    with TestClient(app) as c:
-        asked = {"origin": "http://studio.example", "access-control-request-method": "POST"}
-        allowed = c.options("/v1/sessions", headers=asked)
-        assert allowed.headers.get("access-control-allow-origin") == "http://studio.example"
-        other = c.options("/v1/sessions", headers={**asked, "origin": "http://elsewhere.example"})
-        assert "access-control-allow-origin" not in other.headers
+    c = TestClient(app)  # no lifespan: preflights are answered by middleware, no engine needed
+    asked = {"origin": "http://studio.example", "access-control-request-method": "POST"}
+    allowed = c.options("/v1/sessions", headers=asked)
+    assert allowed.headers.get("access-control-allow-origin") == "http://studio.example"
+    other = c.options("/v1/sessions", headers={**asked, "origin": "http://elsewhere.example"})
+    assert "access-control-allow-origin" not in other.headers

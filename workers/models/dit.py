@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn as nn
@@ -61,8 +61,10 @@ class LayerNorm(nn.LayerNorm):
         return F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps).type_as(x)
 
 
-def _linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return layer(x.to(layer.weight.dtype))
+def _linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    assert isinstance(layer, nn.Linear)
+    out: torch.Tensor = layer(x.to(layer.weight.dtype))
+    return out
 
 
 def _mlp_f32(mlp: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
@@ -194,7 +196,8 @@ class DiTBlock(nn.Module):
         y = self.cross_attn(self.norm3(x).flatten(1, 2), text_kv).view(shape)
         x = x + y.float()
         h = self.norm2(x) * (1 + mod[4]) + mod[3]
-        y = _linear(self.ffn[2], self.ffn[1](_linear(self.ffn[0], h)))
+        ffn_in, act, ffn_out = self.ffn  # Linear, GELU, Linear (checkpoint keys ffn.0 / ffn.2)
+        y = _linear(ffn_out, act(_linear(ffn_in, h)))
         return x + y.float() * mod[5]
 
 
@@ -235,14 +238,21 @@ class WanDiT(nn.Module):
         self.blocks = nn.ModuleList([DiTBlock(cfg) for _ in range(cfg.num_layers)])
         self.head = Head(cfg)
 
+    @property
+    def block_list(self) -> list[DiTBlock]:
+        """The blocks, typed (a ModuleList yields plain Modules to a type checker)."""
+        return cast(list[DiTBlock], list(self.blocks))
+
     # ---- per-session and per-chunk conditioning (computed once, reused) ----
 
     def text_kv(self, context: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Text embeddings (each [n_i, text_dim]) -> per-block cross-attention K/V for the session."""
         cfg = self.cfg
         padded = torch.stack([F.pad(u, (0, 0, 0, cfg.text_len - u.shape[0])) for u in context])
-        ctx = self.text_embedding(padded.to(self.text_embedding[0].weight.dtype))
-        return [block.cross_attn.text_kv(ctx) for block in self.blocks]
+        text_in = self.text_embedding[0]
+        assert isinstance(text_in, nn.Linear)
+        ctx = self.text_embedding(padded.to(text_in.weight.dtype))
+        return [block.cross_attn.text_kv(ctx) for block in self.block_list]
 
     def chunk_camera(self, plucker_cells: torch.Tensor, sp: SequenceParallel | None = None) -> ChunkCamera:
         """plucker_cells [B, 384, F, h, w] (Plücker rays grouped per latent cell) -> per-block modulation.
@@ -264,7 +274,7 @@ class WanDiT(nn.Module):
             tokens = sp.shard_tokens(tokens)  # [B, F, S/N, 1536]
         cam = _linear(self.patch_embedding_wancamctrl, tokens)
         cam = cam + _linear(self.c2ws_hidden_states_layer2, F.silu(_linear(self.c2ws_hidden_states_layer1, cam)))
-        return ChunkCamera([block.camera_modulation(cam) for block in self.blocks])
+        return ChunkCamera([block.camera_modulation(cam) for block in self.block_list])
 
     # ---- forward ----
 
@@ -311,7 +321,7 @@ class WanDiT(nn.Module):
 
         rope = rope_cos_sin(self.cfg.head_dim, start_frame, f, gh, gw, x.device)
         mask = None if attn_mask is None else attn_mask.to(x.device)
-        for i, block in enumerate(self.blocks):
+        for i, block in enumerate(self.block_list):
             x = block(
                 x,
                 e0,

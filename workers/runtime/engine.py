@@ -245,14 +245,16 @@ class PipelineEngine:
                 while self._wake_r.poll():
                     self._wake_r.recv_bytes()
             elif obj in conn_owner:
-                stage, rank = conn_owner[obj]  # type: ignore[index]
+                stage, rank = conn_owner[obj]
                 try:
-                    while self.supervisor.stages[stage].alive and obj.poll():  # type: ignore[union-attr]
-                        self._on_reply(stage, rank, obj.recv())  # type: ignore[union-attr]
+                    while self.supervisor.stages[stage].alive and obj.poll():
+                        self._on_reply(stage, rank, obj.recv())
                 except (EOFError, OSError):
                     self._stage_died(stage, f"{stage.value} worker rank {rank} exited unexpectedly")
             else:
-                self._stage_died(sentinels[obj], f"{sentinels[obj].value} worker died (killed or crashed)")  # type: ignore[index]
+                assert isinstance(obj, int)  # a process sentinel
+                dead = sentinels[obj]
+                self._stage_died(dead, f"{dead.value} worker died (killed or crashed)")
         while True:
             try:
                 fn = self._requests.get_nowait()

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from workers.controls import ChunkControl
-from workers.runtime.channel import Ack, InlineTensor
+from workers.runtime.channel import Ack, InlineTensor, Outcome
 from workers.runtime.ledger import SlotLedger, acks_to_forward, slot_key
 from workers.runtime.messages import (
     STAGES,
@@ -548,11 +548,11 @@ class Scheduler:
 
     # ---- internals: slots ----
 
-    def _release(self, session: Session, producer: Stage, refs: list[TensorRef], outcome: str) -> None:
+    def _release(self, session: Session, producer: Stage, refs: list[TensorRef], outcome: Outcome) -> None:
         """Release whole slots on a consumer's behalf (copied out by the engine, or discarded)."""
         for ref in refs:
             session.ledger.untrack(ref)
-        self._release_acks(producer, [Ack.of(ref, outcome) for ref in refs])  # type: ignore[arg-type]
+        self._release_acks(producer, [Ack.of(ref, outcome) for ref in refs])
 
     def _release_unread(self, session: Session | None, assignment: Assignment, acks: list[Ack]) -> None:
         """A failed or stale command may not have acked its inputs: give those slots back."""

@@ -17,6 +17,7 @@ from workers.chunk_geometry import chunk_first_frame, latent_span_frames
 from workers.frame_stamp import stamp_frames
 from workers.models.presets import get_preset
 from workers.parallel.group import StageGroup
+from workers.runtime.channel import Ack
 from workers.runtime.handler import StageHandler
 from workers.runtime.messages import (
     Command,
@@ -53,7 +54,7 @@ class SyntheticHandler(StageHandler):
     def handle_stage(self, msg: Command) -> Iterator[Reply]:
         stage, rank, p = self.spec.stage, self.spec.rank, self.preset
         if isinstance(msg, OpenSession):
-            acks = ()
+            acks: tuple[Ack, ...] = ()
             text = None
             if stage is Stage.ENCODE:
                 text = self.publish(torch.zeros(8, p.t5.dim))
@@ -63,6 +64,8 @@ class SyntheticHandler(StageHandler):
             self.sessions[msg.session_id] = msg.chunk_latent_frames
             yield SessionOpened(stage, rank, msg.session_id, msg.epoch, text=text, acks=acks)
             return
+        if not isinstance(msg, EncodeChunk | DenoiseChunk | DecodeChunk):
+            raise TypeError(f"synthetic stage cannot handle {type(msg).__name__}")
         t0 = time.perf_counter()
         chunk = self.sessions[msg.session_id]
         self.check_fault(msg.chunk_index)
@@ -74,7 +77,7 @@ class SyntheticHandler(StageHandler):
             latents = torch.zeros(1, 16, chunk, p.latent_height, p.latent_width)
             out = self.publish(latents, shard_dim=3, num_shards=self.spec.output_shards)
             yield self.chunk_done(msg, self._hold_from(t0), out, (msg.cond,))
-        elif isinstance(msg, DecodeChunk):
+        else:
             # Parts as the real decode stage hands them on, each after its share of the hold.
             self.take(msg.latents, shard_rank=rank)
             first = chunk_first_frame(msg.chunk_index, chunk)
@@ -91,5 +94,3 @@ class SyntheticHandler(StageHandler):
                     yield self.frames_ready(msg, offset, frames, last=i == len(bounds) - 1)
                 offset += n
             yield self.chunk_done(msg, self._hold_from(t0), None, (msg.latents,))
-        else:
-            raise TypeError(f"synthetic stage cannot handle {type(msg).__name__}")

@@ -45,6 +45,7 @@ class DecodeSession:
         bounds = part_bounds(latents.shape[2], first_in_stream=self.state.latents_decoded == 0)
         for i, (lo, hi) in enumerate(bounds):
             part = latents[:, :, lo:hi]
+            frames: np.ndarray | None
             if self.shard is None:
                 frames = to_uint8_frames(self.vae.decode_stream(part, self.state)[0])  # video [1, 3, T, H, W]
             else:
@@ -55,4 +56,5 @@ class DecodeSession:
     def run_chunk(self, latents: torch.Tensor) -> np.ndarray | None:
         """The whole chunk's frames [T, H, W, 3] uint8 at once (rank 0; None on the others)."""
         parts = [frames for frames, _ in self.run_chunk_parts(latents)]
-        return None if parts[0] is None else np.concatenate(parts)  # type: ignore[arg-type]
+        shown = [p for p in parts if p is not None]
+        return np.concatenate(shown) if shown else None

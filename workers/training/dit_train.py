@@ -106,7 +106,8 @@ class LatentSet:
         """From a `build_latent_set` file, computing the camera input by the server's integration."""
         chunk = preset.chunk_latent_frames
         index: dict[str, int] = {}
-        cams, camera_of = [], []
+        cams: list[torch.Tensor] = []
+        camera_of: list[int] = []
         for controls in data["controls"]:
             key = json.dumps(controls, sort_keys=True)
             if key not in index:
@@ -159,7 +160,7 @@ def new_dit(preset: ModelPreset, seed: int) -> WanDiT:
     torch.manual_seed(seed)
     dit = WanDiT(preset.dit)
     with torch.no_grad():
-        for block in dit.blocks:
+        for block in dit.block_list:
             for layer in (block.cam_scale_layer, block.cam_shift_layer):
                 layer.weight.zero_()
                 layer.bias.zero_()

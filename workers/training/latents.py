@@ -115,7 +115,10 @@ def _encode_starts(preset: ModelPreset, vae_path: str, cfg: LatentSetConfig, ind
     vae.eval().to(device)
     world = World.generate(WORLD_SEED)
     spec = ClipSpec.for_preset(preset)
-    latents, conds, controls, start_of = [], [], [], []
+    latents: list[torch.Tensor] = []
+    conds: list[torch.Tensor] = []
+    controls: list[list[dict[str, object]]] = []
+    start_of: list[int] = []
     with torch.inference_mode():
         for n, i in enumerate(indices):
             rng = split_rng(cfg.seed, "train", cfg.stream * 10**6 + i)
@@ -145,7 +148,10 @@ def build_latent_set(
     with ProcessPoolExecutor(workers, mp_context=context, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
         n = len(shards)
         parts = list(pool.map(_encode_starts, [preset] * n, [str(vae_path)] * n, [cfg] * n, shards, [device] * n))
-    latents, conds, controls, start_of = [], [], [], []
+    latents: list[torch.Tensor] = []
+    conds: list[torch.Tensor] = []
+    controls: list[list[dict[str, object]]] = []
+    start_of: list[int] = []
     for part in parts:
         base = len(conds)
         latents += part["latents"]

@@ -44,6 +44,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from workers.chunk_geometry import video_frames
 from workers.models.presets import ModelPreset
 from workers.models.vae import AttentionBlock, CausalConv3d, Resample, ResidualBlock, WanVAE
 from workers.training import checkpoint
@@ -93,7 +94,7 @@ def lr_at(step: int, cfg_lr: float, warmup: int, total: int) -> float:
 def render_windows(world: World, spec: ClipSpec, rng: np.random.Generator, count: int, frames: int) -> np.ndarray:
     """[count, frames, H, W, 3] uint8: consecutive frames from random walks of the train split."""
     out = np.zeros((count, frames, spec.height_px, spec.width_px, 3), dtype=np.uint8)
-    chunks = 2 + frames // (4 * spec.chunk_latent_frames)
+    chunks = 2 + frames // video_frames(spec.chunk_latent_frames, first_chunk=False)
     for i in range(count):
         start = sample_start(rng, world, "train")
         controls = sample_controls(rng, world, spec, start, chunks)
@@ -173,18 +174,19 @@ def init_for_training(vae: WanVAE) -> None:
       of the group's last frame, decoded four times.
     """
     for module in vae.modules():
-        if isinstance(module, ResidualBlock):
-            nn.init.zeros_(module.residual[-1].weight)
-            nn.init.zeros_(module.residual[-1].bias)
-        elif isinstance(module, AttentionBlock):
-            nn.init.zeros_(module.proj.weight)
-            nn.init.zeros_(module.proj.bias)
+        if isinstance(module, ResidualBlock | AttentionBlock):
+            last = module.residual[-1] if isinstance(module, ResidualBlock) else module.proj
+            assert isinstance(last, nn.Conv2d | nn.Conv3d)
+            nn.init.zeros_(last.weight)
+            if last.bias is not None:
+                nn.init.zeros_(last.bias)
         elif isinstance(module, CausalConv3d) and module.weight.shape[2] > 1:
             module.weight[:, :, :-1] = 0.0
     for module in vae.modules():
         if isinstance(module, Resample) and module.time_conv is not None:
             weight, dim = module.time_conv.weight, module.dim  # [out, dim, 3, 1, 1]
             weight.zero_()
+            assert module.time_conv.bias is not None
             nn.init.zeros_(module.time_conv.bias)
             identity = torch.eye(dim, dtype=weight.dtype, device=weight.device)
             for group in range(weight.shape[0] // dim):  # downsample: 1 group; upsample: 2 frames
@@ -258,7 +260,8 @@ def measure_latent_stats(
     """Per-channel mean and std of the (not yet normalised) latents of train clips."""
     spec = ClipSpec.for_preset(preset)
     rng = split_rng(seed, "train", 10**7)
-    video = frames_to_model(render_windows(world, spec, rng, clips, 1 + 4 * spec.chunk_latent_frames))
+    # A first chunk of C + 1 latent frames: 1 + 4C video frames.
+    video = frames_to_model(render_windows(world, spec, rng, clips, video_frames(spec.chunk_latent_frames + 1, True)))
     device = vae.conv1.weight.device
     mu = torch.cat([vae.encode(v[None].to(device)) for v in video])  # [N, z, F, h, w], identity stats so far
     return mu.mean(dim=(0, 2, 3, 4)), mu.std(dim=(0, 2, 3, 4)).clamp_min(1e-3)
@@ -276,6 +279,7 @@ def fold_latent_stats(vae: WanVAE, mean: torch.Tensor, std: torch.Tensor) -> dic
     z = vae.z_dim
     mean, std = mean.to(vae.conv1.weight), std.to(vae.conv1.weight)
     w1, b1 = vae.conv1.weight, vae.conv1.bias  # [2z, 2z, 1, 1, 1], [2z]
+    assert b1 is not None and vae.conv2.bias is not None  # both convs have biases
     w1[:z] /= std.view(z, 1, 1, 1, 1)
     b1[:z] = (b1[:z] - mean) / std
     w2, b2 = vae.conv2.weight, vae.conv2.bias  # [z, z, 1, 1, 1], [z]

@@ -287,7 +287,8 @@ def generate_map(seed: int, config: MapConfig | None = None) -> WorldMap:
         wall_rgb[labels == i] = _hsv(h, rng.uniform(0.3, 0.65), rng.uniform(0.6, 0.9))
         wall_texture[labels == i] = rng.integers(NUM_TEXTURES)
     side_hue = rng.random()
-    sides = [(0, slice(None)), (n - 1, slice(None)), (slice(None), 0), (slice(None), n - 1)]
+    edge = slice(None)
+    sides: list[tuple[int | slice, int | slice]] = [(0, edge), (n - 1, edge), (edge, 0), (edge, n - 1)]
     for i, (rows, cols) in enumerate(sides):
         wall_rgb[rows, cols] = _hsv(side_hue + i / 4, 0.55, 0.75)
         wall_texture[rows, cols] = BRICKS if i % 2 == 0 else PANELS

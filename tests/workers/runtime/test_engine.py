@@ -1,7 +1,12 @@
-"""The multi-process pipeline: equivalence with the serial engine, ordering, isolation, cleanup, faults.
+"""The multi-process pipeline end to end: what only real worker processes can show.
 
-These start real worker processes (spawn) with the tiny preset on the CPU, so each engine start
-costs a few seconds; engines are shared per module where the tests allow it.
+The scheduler's policy (bounds, fairness, epochs, close order, slot bookkeeping) is tested without
+processes in test_scheduler.py. These start real workers (spawn) with the tiny preset on the CPU,
+a few seconds per engine, for what crosses process boundaries: bit-exact frames against the serial
+engine through real channels (both schedules, and the sharded placement on real gloo ranks); each
+session's state kept apart inside the workers under reordering; real shared-memory slots freed on
+a close mid-flight; a worker's exception reaching only its session; a SIGKILLed worker noticed,
+its segments removed and the stage restarted.
 """
 
 from __future__ import annotations
