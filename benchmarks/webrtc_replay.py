@@ -40,9 +40,9 @@ import httpx
 from benchmarks.delivery import analyze
 from benchmarks.local_server import local_server
 from benchmarks.trace import Trace
-from benchmarks.webrtc_client import WebRTCClient, use_loopback_if_local
 from server.dispatch import DispatchPolicy
 from workers.chunk_geometry import VAE_TIME_STRIDE
+from worldrtc import Session
 
 STEADY_WAIT_S = 120.0  # for every viewer's second chunk to arrive
 
@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration-s", type=float, default=60.0)
     p.add_argument("--dispatch", default=None, help="comma-separated policies to run in turn (default: the server's)")
     p.add_argument("--viewers", type=int, default=1, help="concurrent viewers per run")
-    p.add_argument("--scene", default="main-street")
+    p.add_argument("--scene", default=None, help="built-in scene (default: the server's default scene)")
     p.add_argument("--prompt", default="")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--token", default=None, help="API token, if the server requires one")
@@ -77,7 +77,25 @@ async def _engine(http: httpx.AsyncClient) -> dict[str, Any]:
     return (await http.get("/v1/engine")).json()
 
 
-async def _wait_steady(clients: list[WebRTCClient]) -> None:
+async def replay(session: Session, trace: Trace, duration_s: float) -> None:
+    """Send the trace's messages on its clock (its `stop` ends a pass), starting over until `duration_s`."""
+    t0 = time.perf_counter()
+    offset, period = 0.0, trace.duration_s + 1.0
+    while time.perf_counter() - t0 < duration_s:
+        for event in trace.events:
+            wait = t0 + offset + event.at_s - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if time.perf_counter() - t0 > duration_s or event.message.get("type") == "stop":
+                break
+            session.send({k: v for k, v in event.message.items() if k not in ("seq", "t")})
+        offset += period
+    rest = t0 + duration_s - time.perf_counter()
+    if rest > 0:
+        await asyncio.sleep(rest)
+
+
+async def _wait_steady(clients: list[Session]) -> None:
     deadline = time.perf_counter() + STEADY_WAIT_S
     while not all(any(c["index"] >= 1 for c in client.run.chunks) for client in clients):
         if time.perf_counter() > deadline:
@@ -94,25 +112,28 @@ def _window(before: dict[str, Any], after: dict[str, Any], wall_s: float) -> dic
 
 
 async def run_policy(args: argparse.Namespace, url: str, trace: Trace, policy: str | None) -> dict[str, Any]:
-    clients = [WebRTCClient(url, args.token) for _ in range(args.viewers)]
+    clients = [
+        Session(url, scene=args.scene, prompt=args.prompt, seed=args.seed, dispatch=policy, token=args.token)
+        for _ in range(args.viewers)
+    ]
     headers = {"authorization": f"Bearer {args.token}"} if args.token else {}
     async with httpx.AsyncClient(base_url=url, timeout=30, headers=headers) as http:
         try:
             for c in clients:
-                await c.start(args.scene, args.prompt, args.seed, dispatch=policy)
+                await c.start()
             print(
                 f"{policy or 'server default'}: {args.viewers} viewer(s) connected; replaying {args.duration_s:g} s",
                 file=sys.stderr,
                 flush=True,
             )
             t0 = time.perf_counter()
-            replays = [asyncio.create_task(c.replay(trace, args.duration_s)) for c in clients]
+            replays = [asyncio.create_task(replay(c, trace, args.duration_s)) for c in clients]
             await _wait_steady(clients)
             steady_t, before = time.perf_counter(), await _engine(http)
             await asyncio.gather(*replays)
             after = await _engine(http)
             engine = _window(before, after, time.perf_counter() - steady_t)
-            servers = [await c.server_session() for c in clients]
+            servers = [await c.server_info() for c in clients]
         finally:
             for c in clients:
                 await c.close()
@@ -148,7 +169,6 @@ async def run_policy(args: argparse.Namespace, url: str, trace: Trace, policy: s
 
 
 async def run_all(args: argparse.Namespace, url: str) -> dict[str, Any]:
-    use_loopback_if_local(url)
     trace = Trace.load(args.trace) if args.trace else Trace.random_walk(args.duration_s, args.trace_seed)
     runs = [await run_policy(args, url, trace, policy) for policy in args.policies]
     return {

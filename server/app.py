@@ -28,20 +28,22 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.codecs import set_video_bitrate
 from server.errors import BadRequest, Busy, Loading, NotFound, ServerError, TooLarge, Unauthorized, http_status
-from server.ice import keep_loopback_candidates, use_loopback_candidates, use_udp_port_range
+from server.ice import host_addresses, keep_local_candidates, use_loopback_candidates, use_udp_port_range
 from server.metrics import LoopLagMonitor, Metrics
 from server.protocol import (
     MAX_CONTROL_MESSAGE_BYTES,
     MAX_PROMPT_CHARS,
     AnswerResponse,
     CreateSessionRequest,
+    EndReason,
     ErrorBody,
     OfferRequest,
     SessionInfo,
 )
-from server.scenes import scene_names, scene_path
+from server.scenes import default_scene, scene_names, scene_path
 from server.session import ACTIVE, ServerSession, SessionState
 from server.settings import Settings
+from server.whep import whep_router
 from workers.chunk_geometry import chunk_num_frames
 from workers.controls import ChunkControl, client_contract
 from workers.images import ImageError, fit_image, read_image
@@ -80,8 +82,87 @@ class AppState:
         self.ready_s: float | None = None
         self.on_ready: Callable[[], None] | None = None
 
+        # Bound to loopback, offers keep only candidates on this host (server/ice.py).
+        self.own_addresses = host_addresses() if settings.is_loopback else None
+
     def active_sessions(self) -> int:
         return sum(s.state in ACTIVE for s in self.sessions.values())
+
+    def require_ready(self) -> None:
+        if self.load_error is not None:
+            raise ServerError(f"the engine failed to start: {self.load_error}")
+        if not self.ready:
+            raise Loading("the model is loading; retry shortly", retry_after_s=2)
+
+    def check_token(self, request: Request) -> None:
+        """FastAPI dependency: the API token, when the server has one."""
+        token = self.settings.api_token
+        if token is not None and request.headers.get("authorization") != f"Bearer {token}":
+            raise Unauthorized("missing or wrong API token: send 'Authorization: Bearer <token>'")
+
+    def session_for(self, session_id: str, request: Request) -> ServerSession:
+        """FastAPI dependency: the session, if the request may act on it (API or session token)."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise NotFound(f"no session {session_id!r}")
+        if self.settings.api_token is not None:
+            given = request.headers.get("authorization", "")
+            if given not in (f"Bearer {self.settings.api_token}", f"Bearer {session.token}"):
+                raise Unauthorized("send 'Authorization: Bearer <session token or API token>'")
+        return session
+
+    async def new_session(self, body: CreateSessionRequest) -> ServerSession:
+        """A session in state `created`, waiting for its offer (REST create, or WHEP)."""
+        self.require_ready()
+        settings = self.settings
+        if self.active_sessions() >= settings.max_sessions:
+            raise Busy(f"all {settings.max_sessions} session slots are in use; retry later", retry_after_s=5)
+        if body.fps is not None and 90_000 % body.fps:
+            raise BadRequest(
+                f"fps {body.fps} does not divide the 90 kHz video clock; use e.g. 10, 12, 15, 16, 20, 24, 25, 30"
+            )
+        dit = self.preset.dit
+        if body.chunk_frames is not None and dit.local_attn_size_frames != -1:
+            room = dit.local_attn_size_frames - dit.sink_size_frames - 1
+            if body.chunk_frames > room:
+                raise BadRequest(
+                    f"chunk_frames {body.chunk_frames} does not fit the attention window; use at most {room}"
+                )
+        scene, image = await asyncio.to_thread(_start_image, body, self)
+        session = ServerSession(
+            self.engine,
+            self.preset,
+            settings,
+            self.metrics,
+            image,
+            body.prompt,
+            body.seed,
+            body.max_duration_s,
+            fps=body.fps,
+            chunk_latent_frames=body.chunk_frames,
+            dispatch=body.dispatch,
+            scene=scene,
+        )
+        self.sessions[session.id] = session
+        self._forget_when_closed(session)
+        return session
+
+    async def answer(self, session: ServerSession, sdp: str) -> str:
+        """The SDP answer to a session's offer (candidates off this host dropped, on loopback)."""
+        if self.own_addresses is not None:
+            sdp = keep_local_candidates(sdp, self.own_addresses)
+        return await session.accept_offer(sdp)
+
+    def _forget_when_closed(self, session: ServerSession) -> None:
+        # Owned by the app, not the session: the session cancels its own tasks when it closes.
+        async def forget() -> None:
+            await session.wait_closed()
+            await asyncio.sleep(self.settings.closed_session_keep_s)
+            self.sessions.pop(session.id, None)
+
+        task = asyncio.get_running_loop().create_task(forget(), name=f"forget-{session.id}")
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
 
 def _warm_up(engine: PipelineEngine, preset: Any) -> None:
@@ -124,7 +205,8 @@ def create_app(settings: Settings) -> FastAPI:
         try:
             yield
         finally:
-            await asyncio.gather(*(s.close("server shutting down") for s in list(state.sessions.values())))
+            bye = "the server is shutting down"
+            await asyncio.gather(*(s.close(EndReason.SERVER_SHUTDOWN, bye) for s in state.sessions.values()))
             for task in (loader, *state.tasks):
                 task.cancel()
             await asyncio.gather(loader, *state.tasks, return_exceptions=True)
@@ -162,29 +244,9 @@ def create_app(settings: Settings) -> FastAPI:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return JSONResponse(ErrorBody(error=code, message=str(exc.detail)).model_dump(), status_code=exc.status_code)
 
-    # ---- auth ----
-
-    def require_token(request: Request) -> None:
-        if settings.api_token is None:
-            return
-        if request.headers.get("authorization") != f"Bearer {settings.api_token}":
-            raise Unauthorized("missing or wrong API token: send 'Authorization: Bearer <token>'")
-
-    def session_for(session_id: str, request: Request) -> ServerSession:
-        session = state.sessions.get(session_id)
-        if session is None:
-            raise NotFound(f"no session {session_id!r}")
-        if settings.api_token is not None:
-            given = request.headers.get("authorization", "")
-            if given not in (f"Bearer {settings.api_token}", f"Bearer {session.token}"):
-                raise Unauthorized("send 'Authorization: Bearer <session token or API token>'")
-        return session
-
-    def require_ready() -> None:
-        if state.load_error is not None:
-            raise ServerError(f"the engine failed to start: {state.load_error}")
-        if not state.ready:
-            raise Loading("the model is loading; retry shortly", retry_after_s=2)
+    require_token = state.check_token
+    session_for = state.session_for
+    require_ready = state.require_ready
 
     # ---- health, model, metrics ----
 
@@ -216,6 +278,9 @@ def create_app(settings: Settings) -> FastAPI:
                 "image_max_bytes": settings.image_max_bytes,
                 "sdp_max_bytes": settings.sdp_max_bytes,
                 "max_prompt_chars": MAX_PROMPT_CHARS,
+                "idle_timeout_s": settings.idle_timeout_s,
+                "peer_timeout_s": settings.peer_timeout_s,
+                "max_session_s": settings.max_session_s,
             },
             "scenes": [{"name": n, "url": f"/v1/scenes/{n}"} for n in scene_names()],
             "ready": state.ready,
@@ -256,49 +321,9 @@ def create_app(settings: Settings) -> FastAPI:
     # ---- sessions ----
 
     @app.post("/v1/sessions", status_code=201, response_model=SessionInfo, dependencies=[Depends(require_token)])
-    async def create_session(body: CreateSessionRequest) -> dict[str, Any]:
-        require_ready()
-        if state.active_sessions() >= settings.max_sessions:
-            raise Busy(f"all {settings.max_sessions} session slots are in use; retry later", retry_after_s=5)
-        if body.fps is not None and 90_000 % body.fps:
-            raise BadRequest(
-                f"fps {body.fps} does not divide the 90 kHz video clock; use e.g. 10, 12, 15, 16, 20, 24, 25, 30"
-            )
-        dit = state.preset.dit
-        if body.chunk_frames is not None and dit.local_attn_size_frames != -1:
-            room = dit.local_attn_size_frames - dit.sink_size_frames - 1
-            if body.chunk_frames > room:
-                raise BadRequest(
-                    f"chunk_frames {body.chunk_frames} does not fit the attention window; use at most {room}"
-                )
-        image = await asyncio.to_thread(_start_image, body, state)
-        session = ServerSession(
-            state.engine,
-            state.preset,
-            settings,
-            state.metrics,
-            image,
-            body.prompt,
-            body.seed,
-            body.max_duration_s,
-            fps=body.fps,
-            chunk_latent_frames=body.chunk_frames,
-            dispatch=body.dispatch,
-        )
-        state.sessions[session.id] = session
-        session_closed_cleanup(session)
+    async def create_session(body: CreateSessionRequest | None = None) -> dict[str, Any]:
+        session = await state.new_session(body or CreateSessionRequest())
         return session.info() | {"token": session.token}
-
-    def session_closed_cleanup(session: ServerSession) -> None:
-        # Owned by the app, not the session: the session cancels its own tasks when it closes.
-        async def forget() -> None:
-            await session.wait_closed()
-            await asyncio.sleep(settings.closed_session_keep_s)
-            state.sessions.pop(session.id, None)
-
-        task = asyncio.get_running_loop().create_task(forget(), name=f"forget-{session.id}")
-        state.tasks.add(task)
-        task.add_done_callback(state.tasks.discard)
 
     @app.get("/v1/sessions", dependencies=[Depends(require_token)])
     async def list_sessions() -> dict[str, Any]:
@@ -310,13 +335,14 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.delete("/v1/sessions/{session_id}", response_model=SessionInfo)
     async def delete_session(session: Annotated[ServerSession, Depends(session_for)]) -> dict[str, Any]:
-        await session.close("deleted")
+        await session.close(EndReason.DELETED, "deleted")
         return session.info()
 
     @app.post("/v1/sessions/{session_id}/offer", response_model=AnswerResponse)
     async def offer(body: OfferRequest, session: Annotated[ServerSession, Depends(session_for)]) -> dict[str, str]:
-        sdp = keep_loopback_candidates(body.sdp) if settings.is_loopback else body.sdp
-        return {"sdp": await session.accept_offer(sdp), "type": "answer"}
+        return {"sdp": await state.answer(session, body.sdp), "type": "answer"}
+
+    app.include_router(whep_router(state.check_token))
 
     # ---- the browser client ----
 
@@ -330,15 +356,17 @@ def create_app(settings: Settings) -> FastAPI:
     return app
 
 
-def _start_image(body: CreateSessionRequest, state: AppState) -> np.ndarray:
-    """Scene name or data URL -> HxWx3 uint8 at the model's resolution (runs in a worker thread)."""
+def _start_image(body: CreateSessionRequest, state: AppState) -> tuple[str | None, np.ndarray]:
+    """(scene name or None, HxWx3 uint8 at the model's resolution) from a scene name, a data URL, or
+    neither: the default scene. Runs in a worker thread."""
     p = state.preset
-    if (body.scene is None) == (body.image is None):
-        raise BadRequest("give exactly one of 'scene' (a built-in scene name) or 'image' (a data URL)")
-    if body.scene is not None:
-        path = scene_path(body.scene)
+    if body.scene is not None and body.image is not None:
+        raise BadRequest("give 'scene' (a built-in scene name) or 'image' (a data URL), not both")
+    scene = body.scene if body.scene is not None or body.image is not None else default_scene()
+    if scene is not None:
+        path = scene_path(scene)
         if path is None:
-            raise BadRequest(f"unknown scene {body.scene!r}; choose one of {scene_names()}")
+            raise BadRequest(f"unknown scene {scene!r}; choose one of {scene_names()}")
         source: Path | bytes = path
     else:
         assert body.image is not None
@@ -352,7 +380,7 @@ def _start_image(body: CreateSessionRequest, state: AppState) -> np.ndarray:
         except (binascii.Error, ValueError):
             raise BadRequest("'image' is not valid base64") from None
     try:
-        return fit_image(read_image(source), p.height_px, p.width_px)
+        return scene, fit_image(read_image(source), p.height_px, p.width_px)
     except ImageError as exc:
         raise BadRequest(str(exc)) from None
 
@@ -366,7 +394,7 @@ class BodyLimit:
 
     def _limit(self, path: str) -> int:
         s = self.settings
-        if path.endswith("/offer"):
+        if path.endswith("/offer") or path.rstrip("/") == "/v1/whep":
             return s.sdp_max_bytes + 1024
         if path.rstrip("/") == "/v1/sessions":
             return int(s.image_max_bytes * DATA_URL_OVERHEAD) + s.rest_body_max_bytes

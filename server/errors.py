@@ -28,6 +28,22 @@ class Conflict(ServerError):
     code = "conflict"
 
 
+class AlreadyConnected(Conflict):
+    code = "already_connected"
+
+
+class SessionClosed(Conflict):
+    code = "session_closed"
+
+
+class UnsupportedMediaType(ServerError):
+    code = "unsupported_media_type"
+
+
+class MethodNotAllowed(ServerError):
+    code = "method_not_allowed"
+
+
 class TooLarge(ServerError):
     code = "too_large"
 
@@ -44,8 +60,10 @@ HTTP_STATUS: dict[type[ServerError], int] = {
     BadRequest: 400,
     Unauthorized: 401,
     NotFound: 404,
+    MethodNotAllowed: 405,
     Conflict: 409,
     TooLarge: 413,
+    UnsupportedMediaType: 415,
     Busy: 429,
     Loading: 503,
     ServerError: 500,

@@ -1,10 +1,13 @@
-"""ICE for a server that is bound to loopback: keep every candidate on 127.0.0.1.
+"""ICE for a server bound to loopback: media stays on this machine, and any local client connects.
 
-aioice leaves 127.0.0.1 out of its host candidates, and browsers offer their LAN addresses. A
-server bound to 127.0.0.1 only serves this machine, so it gathers a loopback host candidate and
-ignores non-loopback candidates in offers: media then never touches another interface. A server
-bound to a routable address uses aioice's normal gathering and the configured STUN/TURN servers.
-An optional UDP port range pins the host candidates' ports (for NAT rules and container mappings).
+A server bound to 127.0.0.1 only serves this machine. It gathers a single loopback host candidate
+(aioice leaves 127.0.0.1 out of its own gathering) and keeps the offer's candidates whose address
+belongs to this host: loopback and every interface address (a stock client offers its LAN address;
+127.0.0.1 ↔ this host's own address works). A browser that hides its addresses behind mDNS names
+(`<uuid>.local`) is on this host too, so each such candidate is kept once per interface address,
+with its port. Candidates naming any other host are dropped, so media never leaves the machine. A
+server bound to a routable address uses aioice's normal gathering and the configured STUN/TURN
+servers. An optional UDP port range pins the host candidates' ports (for NAT rules and containers).
 """
 
 from __future__ import annotations
@@ -29,18 +32,36 @@ def use_loopback_candidates(enabled: bool) -> None:
     aioice.ice.get_host_addresses = loopback_only if enabled else _original_get_host_addresses
 
 
-def _is_loopback(host: str) -> bool:
+def host_addresses() -> frozenset[str]:
+    """This host's addresses: loopback and every interface's (IPv4 and IPv6)."""
+    return frozenset({"127.0.0.1", "::1", *_original_get_host_addresses(True, True)})
+
+
+def keep_local_candidates(sdp: str, own: frozenset[str]) -> str:
+    """The offer with only candidates on this host (`own` addresses; line endings preserved)."""
+    out = []
+    for line in sdp.splitlines(keepends=True):
+        match = _CANDIDATE.match(line.strip())
+        if match is None:
+            out.append(line)
+            continue
+        host = match.group(1)
+        if host.lower().endswith(".local"):
+            # An mDNS name stands for one of this host's addresses (the client is on this machine).
+            end = line[len(line.rstrip("\r\n")) :]
+            body = line.rstrip("\r\n")
+            lan = sorted(a for a in own if ":" not in a and not ipaddress.ip_address(a).is_loopback)
+            out += [body.replace(f" {host} ", f" {addr} ", 1) + end for addr in lan]
+        elif _address(host) in own:
+            out.append(line)
+    return "".join(out)
+
+
+def _address(host: str) -> str | None:
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return str(ipaddress.ip_address(host))
     except ValueError:
-        return False  # mDNS (.local) names and anything else unresolvable here
-
-
-def keep_loopback_candidates(sdp: str) -> str:
-    """Drop the offer's candidates that are not on loopback (line endings preserved)."""
-    lines = sdp.splitlines(keepends=True)
-    kept = [line for line in lines if not (m := _CANDIDATE.match(line.strip())) or _is_loopback(m.group(1))]
-    return "".join(kept)
+        return None
 
 
 class _PortRange:

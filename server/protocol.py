@@ -17,7 +17,7 @@ server → client (the models below)
     stats   StatsMsg    every stats interval: delivery, buffer, latency
     error   ErrorMsg    {code, message}
     pong    PongMsg     {seq, t, server_t}
-    done    DoneMsg     {reason}
+    done    DoneMsg     {code, reason}: the session is over (EndReason says why)
 
 Nothing here imports torch or model code: parsing, validating and routing a message needs none.
 """
@@ -25,6 +25,7 @@ Nothing here imports torch or model code: parsing, validating and routing a mess
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -119,6 +120,8 @@ class ReadyMsg(_ServerMessage):
     chunk_frames: int  # video frames per chunk (the first chunk has 3 fewer)
     dispatch: str
     controls: dict[str, Any]  # workers.controls.client_contract()
+    idle_timeout_s: float | None  # the session ends after this long without a control (None: never)
+    max_duration_s: float | None
 
 
 class ChunkMsg(_ServerMessage):
@@ -168,8 +171,34 @@ class PongMsg(_ServerMessage):
     server_t: float  # ms since the epoch
 
 
+class EndReason(StrEnum):
+    """Why a session ended: the `code` of its `done` message (and of GET /v1/sessions/{id}'s `ended`)."""
+
+    STOPPED = "stopped"  # the client sent `stop`
+    DELETED = "deleted"  # DELETE on the session (REST or WHEP)
+    CONNECTION_CLOSED = "connection_closed"  # the peer closed its connection or the control channel
+    PEER_GONE = "peer_gone"  # the connection failed, or the peer stopped answering (no RTCP reports)
+    IDLE = "idle"  # no control for idle_timeout_s
+    MAX_DURATION = "max_duration"  # max_duration_s reached
+    NO_OFFER = "no_offer"  # no offer within offer_timeout_s of the create
+    ICE_TIMEOUT = "ice_timeout"  # ICE did not connect within ice_timeout_s
+    BAD_OFFER = "bad_offer"  # the offer could not be used
+    GENERATION_FAILED = "generation_failed"  # a stage failed; the message says which and how
+    SERVER_SHUTDOWN = "server_shutdown"
+
+    @property
+    def failed(self) -> bool:
+        return self in FAILURES
+
+
+FAILURES = frozenset(
+    {EndReason.PEER_GONE, EndReason.NO_OFFER, EndReason.ICE_TIMEOUT, EndReason.BAD_OFFER, EndReason.GENERATION_FAILED}
+)
+
+
 class DoneMsg(_ServerMessage):
     type: Literal["done"] = "done"
+    code: EndReason
     reason: str
 
 
@@ -200,6 +229,7 @@ class SessionInfo(BaseModel):
     state: str
     created_s: float
     model: str
+    scene: str | None = None  # the built-in scene it started from (None: an uploaded image)
     width: int
     height: int
     fps: int
@@ -207,6 +237,7 @@ class SessionInfo(BaseModel):
     token: str | None = None  # only in the create response
     metrics: dict[str, Any] = Field(default_factory=dict)
     error: str | None = None
+    ended: str | None = None  # the EndReason, once it has ended
 
 
 class OfferRequest(BaseModel):

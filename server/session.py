@@ -29,16 +29,17 @@ from enum import StrEnum
 from typing import Any
 
 import numpy as np
-from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 
 from server.codecs import prefer_codecs
 from server.dispatch import DispatchConfig, DispatchController, DispatchPolicy, StartLater, StartNow
-from server.errors import BadRequest, Conflict
+from server.errors import AlreadyConnected, BadRequest, SessionClosed
 from server.metrics import Metrics
 from server.pacer import Pacer
 from server.protocol import (
     ChunkMsg,
     DoneMsg,
+    EndReason,
     ErrorMsg,
     PingMsg,
     PongMsg,
@@ -63,6 +64,8 @@ log = logging.getLogger("worldrtc.session")
 
 PENDING_CONTROLS = 512  # control arrival times kept for control-to-frame latency (oldest dropped)
 LATENCY_SAMPLES = 64  # recent control-to-frame samples behind the stats' p50
+PEER_POLL_S = 0.5  # how often the viewer's RTCP reports are looked at: a vanished peer is noticed within
+# peer_timeout_s + this
 
 
 class SessionState(StrEnum):
@@ -91,11 +94,12 @@ class ServerSession:
         fps: int | None = None,
         chunk_latent_frames: int | None = None,
         dispatch: DispatchPolicy | None = None,
+        scene: str | None = None,
     ) -> None:
         self.id = secrets.token_hex(8)
         self.token = secrets.token_urlsafe(24)
         self.engine, self.preset, self.settings, self.metrics = engine, preset, settings, metrics
-        self.image, self.prompt, self.seed = image, prompt, seed
+        self.image, self.prompt, self.seed, self.scene = image, prompt, seed, scene
         self.max_duration_s = max_duration_s or settings.max_session_s
         self.fps = fps or settings.fps or preset.fps
         self.chunk_latent_frames = chunk_latent_frames or preset.chunk_latent_frames
@@ -122,7 +126,10 @@ class ServerSession:
         self._chunk_parts: dict[int, list[tuple[int, int, int]]] = {}  # chunk -> (first_frame, pts_start, n) per part
         self._control_to_frame: deque[float] = deque(maxlen=LATENCY_SAMPLES)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._last_message_t = time.monotonic()
+        self._last_control_t = time.monotonic()  # idle time counts from the create
+        self._watch_only = False
+        self.video_sender: RTCRtpSender | None = None
+        self.ended: EndReason | None = None
         self._tokens = settings.control_rate_per_s  # token bucket for client messages
         self._tokens_t = time.monotonic()
         self._last_chunk_t: float | None = None
@@ -143,11 +150,13 @@ class ServerSession:
             "state": self.state.value,
             "created_s": time.monotonic() - self.created_t,
             "model": p.name,
+            "scene": self.scene,
             "width": p.width_px,
             "height": p.height_px,
             "fps": self.fps,
             "chunk_frames": chunk_num_frames(1, self.chunk_latent_frames),
             "error": self.error,
+            "ended": None if self.ended is None else self.ended.value,
             "metrics": {
                 "dispatch": self.dispatch.config.policy.value,
                 "chunks": self.chunks,
@@ -162,8 +171,12 @@ class ServerSession:
         }
 
     async def accept_offer(self, sdp: str) -> str:
+        if self.state in (SessionState.CONNECTING, SessionState.STREAMING):
+            raise AlreadyConnected(f"session {self.id} already has a connection; create a new session to connect again")
         if self.state is not SessionState.CREATED:
-            raise Conflict(f"session {self.id} is {self.state.value}; an offer is accepted once, right after create")
+            raise SessionClosed(f"session {self.id} is {self.state.value}; create a new session")
+        # A viewer that opens no control channel only watches: it streams once ICE connects.
+        self._watch_only = "m=application" not in sdp
         config = RTCConfiguration(iceServers=[RTCIceServer(**s) for s in self.settings.ice_servers])  # type: ignore[arg-type]
         self.pc = pc = RTCPeerConnection(configuration=config)
         self.state = SessionState.CONNECTING
@@ -172,12 +185,13 @@ class ServerSession:
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         except Exception as exc:  # aiortc raises ValueError and friends for malformed SDP
-            await self.close(f"bad offer: {exc}", failed=True)
+            await self.close(EndReason.BAD_OFFER, f"bad offer: {exc}")
             raise BadRequest(f"could not parse the SDP offer: {exc}") from None
         video = [t for t in pc.getTransceivers() if t.kind == "video"]
         if not video:
-            await self.close("offer without video", failed=True)
+            await self.close(EndReason.BAD_OFFER, "offer without video")
             raise BadRequest("the offer must include a video transceiver (recvonly)")
+        self.video_sender = video[0].sender
         self.track = PacedVideoTrack(self.pacer)
         video[0].sender.replaceTrack(self.track)
         video[0].direction = "sendonly"
@@ -187,17 +201,18 @@ class ServerSession:
         self._spawn(self._fail_if_not_connected(), "ice-timeout")
         return pc.localDescription.sdp
 
-    async def close(self, reason: str = "closed", failed: bool = False) -> None:
-        """Idempotent; tears down in reverse order of setup."""
+    async def close(self, code: EndReason, reason: str) -> None:
+        """Idempotent; tears down in reverse order of setup. `code` says why, `reason` in words."""
         if self.state in (SessionState.CLOSING, SessionState.CLOSED, SessionState.FAILED):
             await self._closed.wait()
             return
         self.state = SessionState.CLOSING
+        self.ended = code
+        failed = code.failed
         if failed:
             self.error = reason
-        if failed:
             self._send(ErrorMsg(code="session_failed", message=reason))
-        self._send(DoneMsg(reason=reason))
+        self._send(DoneMsg(code=code, reason=reason))
         if self.engine_session is not None:
             self.engine.close_session(self.engine_session)
         if self.track is not None:
@@ -227,17 +242,19 @@ class ServerSession:
     def _on_connection_state(self) -> None:
         assert self.pc is not None
         state = self.pc.connectionState
-        if state == "failed":
-            self._spawn(self.close("connection failed", failed=True), "close")
+        if state == "connected" and self._watch_only:
+            self._start_streaming()
+        elif state == "failed":
+            self._spawn(self.close(EndReason.PEER_GONE, "connection failed"), "close")
         elif state == "closed":
-            self._spawn(self.close("connection closed"), "close")
+            self._spawn(self.close(EndReason.CONNECTION_CLOSED, "connection closed"), "close")
         elif state == "disconnected":
             self._spawn(self._close_unless_reconnected(), "disconnect-grace")
 
     async def _close_unless_reconnected(self) -> None:
         await asyncio.sleep(self.settings.disconnected_grace_s)
         if self.pc is not None and self.pc.connectionState == "disconnected":
-            await self.close("connection lost", failed=True)
+            await self.close(EndReason.PEER_GONE, "connection lost")
 
     def _on_datachannel(self, channel: Any) -> None:
         if channel.label != "control" or self.channel is not None:
@@ -245,14 +262,17 @@ class ServerSession:
             return
         self.channel = channel
         channel.on("message", self._on_message)
-        channel.on("close", lambda: self._spawn(self.close("data channel closed"), "close"))
+        channel.on(
+            "close", lambda: self._spawn(self.close(EndReason.CONNECTION_CLOSED, "control channel closed"), "close")
+        )
         if channel.readyState == "open":
-            self._on_channel_open()
+            self._start_streaming()
         else:
-            channel.on("open", self._on_channel_open)
+            channel.on("open", self._start_streaming)
 
-    def _on_channel_open(self) -> None:
-        if self.state is not SessionState.CONNECTING:
+    def _start_streaming(self) -> None:
+        """The viewer is connected (its control channel open, or ICE for a watch-only viewer): generate."""
+        if self.state is not SessionState.CONNECTING or self.engine_session is not None:
             return
         p = self.preset
         self._send(
@@ -266,6 +286,8 @@ class ServerSession:
                 chunk_frames=chunk_num_frames(1, self.chunk_latent_frames),
                 dispatch=self.dispatch.config.policy.value,
                 controls=client_contract(),
+                idle_timeout_s=self.settings.idle_timeout_s,
+                max_duration_s=self.max_duration_s,
             )
         )
         self._open_t = time.monotonic()
@@ -279,13 +301,15 @@ class ServerSession:
             self._end_from_engine,
             chunk_latent_frames=self.chunk_latent_frames,
         )
-        self._spawn(self._watch_heartbeat(), "heartbeat")
+        self._spawn(self._watch_peer(), "peer")
+        if self.settings.idle_timeout_s:
+            self._spawn(self._expire_when_idle(self.settings.idle_timeout_s), "idle")
         self._spawn(self._send_stats(), "stats")
         if self.max_duration_s:
             self._spawn(self._expire(self.max_duration_s), "max-duration")
 
     def _on_message(self, data: str | bytes) -> None:
-        self._last_message_t = now = time.monotonic()
+        now = time.monotonic()
         self._tokens = min(
             self.settings.control_rate_per_s, self._tokens + (now - self._tokens_t) * self.settings.control_rate_per_s
         )
@@ -302,10 +326,11 @@ class ServerSession:
         if isinstance(msg, PingMsg):
             self._send(PongMsg(seq=msg.seq, t=msg.t, server_t=time.time() * 1000))
         elif isinstance(msg, StopMsg):
-            self._spawn(self.close("stopped by client"), "close")
+            self._spawn(self.close(EndReason.STOPPED, "stopped by the client"), "close")
         elif isinstance(msg, PromptMsg):
             self.prompt = msg.text  # the conditioning of a running session is fixed; used by the next one
         else:
+            self._last_control_t = now
             with self._lock:
                 self._controls.apply(msg)  # validated once, by parse_client_message
             if msg.seq is not None:
@@ -414,26 +439,47 @@ class ServerSession:
 
     def _on_engine_end(self, error: str | None) -> None:
         if error is not None and self.state in ACTIVE:
-            self._spawn(self.close(f"generation failed: {error}", failed=True), "close")
+            self._spawn(self.close(EndReason.GENERATION_FAILED, f"generation failed: {error}"), "close")
 
     # ---- timers ----
 
     async def _expire_if_no_offer(self) -> None:
         await asyncio.sleep(self.settings.offer_timeout_s)
         if self.state is SessionState.CREATED:
-            await self.close(f"no offer within {self.settings.offer_timeout_s:g} s", failed=True)
+            await self.close(EndReason.NO_OFFER, f"no offer within {self.settings.offer_timeout_s:g} s")
 
     async def _fail_if_not_connected(self) -> None:
         await asyncio.sleep(self.settings.ice_timeout_s)
         if self.state is SessionState.CONNECTING and (self.pc is None or self.pc.connectionState != "connected"):
-            await self.close(f"ICE did not connect within {self.settings.ice_timeout_s:g} s", failed=True)
+            await self.close(EndReason.ICE_TIMEOUT, f"ICE did not connect within {self.settings.ice_timeout_s:g} s")
 
-    async def _watch_heartbeat(self) -> None:
+    async def _watch_peer(self) -> None:
+        """Liveness from the connection: once video flows, the viewer's RTCP receiver reports must
+        keep coming (any WebRTC client sends them about every second). No application heartbeat."""
+        timeout = self.settings.peer_timeout_s
+        last_report: object = None
+        heard_t = time.monotonic()
         while True:
-            await asyncio.sleep(self.settings.heartbeat_interval_s)
-            if time.monotonic() - self._last_message_t > self.settings.heartbeat_dead_s:
-                await self.close(f"no message from the client for {self.settings.heartbeat_dead_s:g} s", failed=True)
+            await asyncio.sleep(PEER_POLL_S)
+            now = time.monotonic()
+            if self.video_sender is None or self.pacer.sent == 0:
+                heard_t = now  # nothing sent yet: nothing to report on
+                continue
+            stats = await self.video_sender.getStats()
+            report = next((s.timestamp for s in stats.values() if s.type == "remote-inbound-rtp"), None)
+            if report != last_report:
+                last_report, heard_t = report, now
+            elif now - heard_t > timeout:
+                await self.close(EndReason.PEER_GONE, f"the viewer sent no RTCP receiver report for {timeout:g} s")
                 return
+
+    async def _expire_when_idle(self, idle_s: float) -> None:
+        while True:
+            left = self._last_control_t + idle_s - time.monotonic()
+            if left <= 0:
+                await self.close(EndReason.IDLE, f"no control for {idle_s:g} s")
+                return
+            await asyncio.sleep(left)
 
     async def _send_stats(self) -> None:
         sent = dropped = repeated = 0
@@ -476,7 +522,7 @@ class ServerSession:
 
     async def _expire(self, after_s: float) -> None:
         await asyncio.sleep(after_s)
-        await self.close(f"session reached its maximum duration of {after_s:g} s")
+        await self.close(EndReason.MAX_DURATION, f"the session reached its maximum duration of {after_s:g} s")
 
     # ---- helpers ----
 

@@ -36,8 +36,10 @@ class Settings(BaseSettings):
     # Limits: every wait, body and message rate has one (README "Server").
     offer_timeout_s: float = 30.0
     ice_timeout_s: float = 15.0
-    heartbeat_interval_s: float = 1.0
-    heartbeat_dead_s: float = 5.0
+    # A viewer that vanishes without closing stops sending RTCP receiver reports (every client that
+    # receives video sends them about every second): after this long without one, the session ends.
+    peer_timeout_s: float = Field(default=4.5, gt=0)
+    idle_timeout_s: float | None = Field(default=300.0, gt=0)  # no control message for this long ends a session
     disconnected_grace_s: float = 3.0
     rest_body_max_bytes: int = 64 * 1024
     image_max_bytes: int = 10 * 1024 * 1024

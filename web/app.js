@@ -6,7 +6,7 @@
 
 (() => {
   // ---- client timings (the server's limits arrive with GET /v1/model) ----
-  const PING_INTERVAL_MS = 1000; // the server closes sessions silent for 5 s
+  const PING_INTERVAL_MS = 1000; // for the HUD's round-trip time only: the server watches the connection
   const LOST_GRACE_MS = 3000; // pc "disconnected"/"failed" this long counts as a lost connection
   const ICE_GATHER_TIMEOUT_MS = 5000; // no trickle: wait for gathering, but not forever
   const CONNECT_TIMEOUT_MS = 20000; // answer applied → control channel open (the server's ICE limit is 15 s)
@@ -510,7 +510,7 @@
     ch.onopen = () => {
       if (s !== current) return;
       armFirstFrameTimer(s, FIRST_FRAME_TIMEOUT_MS, "Connected, but the server sent no video within 90 s.");
-      // Keys pressed while connecting are sent as one state; then a heartbeat every second.
+      // Keys pressed while connecting are sent as one state; then a ping every second for the RTT.
       send(s, { type: "control_state", controls: heldKeys(s) });
       s.timers.ping = setInterval(() => send(s, { type: "ping" }), PING_INTERVAL_MS);
     };

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.delivery import ContentIds, ReceivedFrame, analyze, ids_by_pts
+from benchmarks.delivery import analyze, ids_by_pts
+from worldrtc.frames import ContentIds, ReceivedFrame
 
 FPS = 16
 STEP = 90_000 // FPS

@@ -9,12 +9,11 @@ import httpx
 import numpy as np
 import pytest
 
-from benchmarks.delivery import glass_to_glass_s
 from benchmarks.local_server import ServerProcess, local_server
-from benchmarks.webrtc_client import WebRTCClient, use_loopback_if_local
 from tests.support.processes import children_of, pid_alive
 from tests.support.waiting import wait_until, wait_until_async
 from workers.runtime.channel import leaked_segments
+from worldrtc import Session
 
 pytestmark = pytest.mark.processes
 WAIT_S = 60.0
@@ -29,12 +28,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Serv
 
 async def test_stream_controls_and_clean_close(server) -> None:
     url, _, _ = server
-    use_loopback_if_local(url)
     tasks_idle = httpx.get(f"{url}/v1/engine").json()["event_loop_tasks"]
-    client = WebRTCClient(url)
-    client.run.keep_images = 200
-    await client.start("main-street", "a walk", seed=1)
+    client = Session(url, scene="main-street", prompt="a walk", seed=1, keep_frames=64)
+    await client.start()
     try:
+        first = (await client.next_frame()).image
         await wait_until_async(lambda: len(client.run.frames) >= 20, WAIT_S, "20 frames of video")
         assert client.run.ready is not None and client.run.ready["model"] == "tiny"
         seq = client.send({"type": "control", "key": "ArrowUp", "action": "press"})
@@ -56,13 +54,9 @@ async def test_stream_controls_and_clean_close(server) -> None:
         )
         frames_before = len(client.run.frames)
         await wait_until_async(lambda: len(client.run.frames) > frames_before, WAIT_S, "video after the flood")
-        await wait_until_async(
-            lambda: glass_to_glass_s(client.run.frames, client.run.chunks, client.run.sent, stamped=False),
-            WAIT_S,
-            "a control on the screen",
-        )
-        kept = client.run.images
-        assert len(kept) >= 20 and not np.array_equal(kept[0], kept[-1]), "the video does not change"
+        await wait_until_async(client.glass_to_glass_s, WAIT_S, "a control on the screen")
+        latest = (await client.latest_frame()).image
+        assert not np.array_equal(first, latest), "the video does not change"
     finally:
         final = await client.close()
     assert final is not None and final["state"] == "closed"

@@ -16,8 +16,8 @@ import pytest
 
 from benchmarks.delivery import analyze
 from benchmarks.local_server import local_server
-from benchmarks.webrtc_client import WebRTCClient, use_loopback_if_local
 from tests.support.waiting import wait_until_async
+from worldrtc import Session
 
 pytestmark = pytest.mark.processes
 STAGE_MS = "50,600,500"
@@ -34,8 +34,7 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 async def test_live_session_overlaps_dit_and_decode_and_repeats_nothing(server_url: str) -> None:
-    use_loopback_if_local(server_url)
-    client = WebRTCClient(server_url)
+    client = Session(server_url)
     await client.start()
     try:
         await wait_until_async(lambda: len(client.run.chunks) >= CHUNKS, 60, f"{CHUNKS} chunks")

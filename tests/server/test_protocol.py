@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from server.protocol import (
     ChunkMsg,
+    DoneMsg,
+    EndReason,
     PingMsg,
     ProtocolError,
     ReadyMsg,
@@ -100,6 +102,8 @@ def test_server_messages_are_typed_json() -> None:
         chunk_frames=16,
         dispatch="jit",
         controls={},
+        idle_timeout_s=300.0,
+        max_duration_s=None,
     )
     assert json.loads(ready.to_json())["type"] == "ready"
     chunk = ChunkMsg(
@@ -117,3 +121,6 @@ def test_server_messages_are_typed_json() -> None:
     assert json.loads(chunk.to_json())["parts"] == [[13, 0, 16]]
     with pytest.raises(ValueError):
         ChunkMsg(index=1)  # type: ignore[call-arg]
+    done = json.loads(DoneMsg(code=EndReason.IDLE, reason="no control for 300 s").to_json())
+    assert done == {"type": "done", "code": "idle", "reason": "no control for 300 s"}
+    assert EndReason.PEER_GONE.failed and not EndReason.DELETED.failed

@@ -28,6 +28,8 @@ CHUNK_TIMEOUT_MS = 20_000
 MIN_FRAMES = 32  # 2 s at 16 FPS
 SERVER_EXIT_TIMEOUT_S = 30.0
 
+# No WebRTC flags: Chromium hides its host addresses behind mDNS names, as a user's browser does.
+# The rest keep a headless browser from reaching for the network (refused here) and from sandboxing as root.
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -37,8 +39,6 @@ CHROMIUM_ARGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
-    # Plain-IP host candidates (not .local mDNS names), so aiortc can reach Chromium on loopback.
-    "--disable-features=WebRtcHideLocalIpsWithMdns",
     "--autoplay-policy=no-user-gesture-required",
 ]
 

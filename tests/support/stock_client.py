@@ -1,0 +1,82 @@
+"""A WebRTC viewer that knows nothing of this project: stock aiortc and httpx, no patches, no imports
+from the repository. Run as its own process by the client tests:
+
+    python tests/support/stock_client.py URL rest|whep FRAMES [--hang]
+
+`rest`: POST /v1/sessions {} and POST the offer (with a `control` channel, sending nothing on it);
+`whep`: POST the offer to /v1/whep (no data channel: it only watches). It receives FRAMES video
+frames, prints one JSON line with what it saw, then ends the session (DELETE) — or, with `--hang`,
+prints and waits to be killed, the way a crashed viewer disappears.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import sys
+
+import httpx
+from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+
+
+async def main(url: str, mode: str, frames: int, hang: bool) -> None:
+    pc = RTCPeerConnection()
+    pc.addTransceiver("video", direction="recvonly")
+    if mode == "rest":
+        pc.createDataChannel("control")
+    got: list[int] = []
+    enough = asyncio.Event()
+
+    pulls: list[asyncio.Task[None]] = []
+
+    @pc.on("track")
+    def on_track(track) -> None:  # type: ignore[no-untyped-def]
+        async def pull() -> None:
+            while True:
+                try:
+                    frame = await track.recv()
+                except MediaStreamError:
+                    return  # the session ended
+                got.append(int(frame.pts))
+                if len(got) >= frames:
+                    enough.set()
+
+        pulls.append(asyncio.ensure_future(pull()))
+
+    await pc.setLocalDescription(await pc.createOffer())
+    offer = pc.localDescription.sdp
+    out: dict[str, object] = {"offer_candidates": [ln for ln in offer.splitlines() if ln.startswith("a=candidate")]}
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        if mode == "rest":
+            r = await http.post("/v1/sessions", json={})
+            session = r.json()
+            out["created"] = {"status": r.status_code, "scene": session.get("scene")}
+            token = {"authorization": f"Bearer {session['token']}"}
+            r = await http.post(f"/v1/sessions/{session['session_id']}/offer", json={"sdp": offer, "type": "offer"})
+            answer = r.json()["sdp"]
+            resource = f"/v1/sessions/{session['session_id']}"
+            out["session_id"] = session["session_id"]
+        else:
+            r = await http.post("/v1/whep", content=offer, headers={"content-type": "application/sdp"})
+            out["created"] = {"status": r.status_code, "content_type": r.headers.get("content-type")}
+            answer, resource, token = r.text, r.headers["location"], {}
+            out["location"] = resource
+            out["session_id"] = resource.rsplit("/", 1)[-1]
+        await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+        await asyncio.wait_for(enough.wait(), 120)
+        out["frames"] = len(got)
+        out["pts_increasing"] = all(b > a for a, b in itertools.pairwise(got))
+        if hang:
+            print(json.dumps(out), flush=True)
+            await asyncio.Event().wait()  # until killed
+        if mode == "whep":
+            out["patch_status"] = (await http.patch(resource, content=b"a=candidate:x")).status_code
+        out["delete_status"] = (await http.delete(resource, headers=token)).status_code
+    await pc.close()
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), "--hang" in sys.argv))

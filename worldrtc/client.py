@@ -1,0 +1,299 @@
+"""An async Python client for a worldrtc server: start a session, steer it, receive its frames.
+
+    import asyncio
+    import worldrtc
+
+    async def main() -> None:
+        async with worldrtc.Session("http://127.0.0.1:8000") as session:  # default scene, seed 0
+            session.press("w")                       # walk forward
+            async for frame in session.frames(limit=32):
+                print(frame.pts, frame.image.shape)  # [H, W, 3] uint8 RGB
+            print(session.glass_to_glass_s())        # control sent -> its first frame received
+
+    asyncio.run(main())
+
+It signals through the REST API (`POST /v1/sessions`, then the offer) or, with `whep=True`, through
+the WHEP endpoint (`POST /v1/whep`, RFC 9725), and connects with stock aiortc: no patches, so it
+works wherever any WebRTC client does. With `control=True` (the default) it opens the `control` data
+channel to steer; without it, it only watches. It sends nothing it is not asked to (no heartbeat: the
+server watches the connection itself). Every received frame is recorded (`run.frames`: time, pts,
+and the frame number stamped into the picture by the synthetic model) for delivery figures; the
+last `keep_frames` decoded images wait in `frames()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlencode
+
+import httpx
+import numpy as np
+from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from workers.frame_stamp import read_stamp
+from worldrtc.frames import ContentIds, ReceivedFrame, glass_to_glass_s
+
+SYNTHETIC = "synthetic"  # the model whose frames carry their own frame numbers
+CONTROL_TYPES = ("control", "control_state", "look", "reset_pose")
+OPEN_TIMEOUT_S = 20.0  # answer applied -> control channel open
+FIRST_FRAME_TIMEOUT_S = 120.0  # watch-only: answer applied -> first frame (a big model's first chunk)
+
+
+class ClientError(RuntimeError):
+    """The server refused a request; `code` is its error code (see the README's table)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status, self.code, self.message = status, code, message
+
+
+@dataclass(frozen=True)
+class Frame:
+    image: np.ndarray  # [H, W, 3] uint8 RGB
+    pts: int  # 90 kHz, on the session's clock (the first frame is 0)
+    received_t: float  # this process's perf_counter seconds
+
+
+@dataclass
+class ClientRun:
+    """What the client saw. Times are this process's perf_counter seconds."""
+
+    started_t: float = field(default_factory=time.perf_counter)
+    frames: list[ReceivedFrame] = field(default_factory=list)
+    chunks: list[dict[str, Any]] = field(default_factory=list)  # the server's `chunk` messages
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    stats: list[dict[str, Any]] = field(default_factory=list)
+    ready: dict[str, Any] | None = None
+    sent: dict[int, float] = field(default_factory=dict)  # control seq -> send time
+    done: dict[str, Any] | None = None
+
+    @property
+    def stamped(self) -> bool:
+        return self.ready is not None and self.ready.get("model") == SYNTHETIC
+
+
+def _luma(frame: Any) -> np.ndarray:
+    """The Y plane of a decoded yuv420p frame, as a view (no conversion)."""
+    plane = frame.planes[0]
+    return np.frombuffer(plane, np.uint8).reshape(plane.height, plane.line_size)[:, : plane.width]
+
+
+def _error(r: httpx.Response) -> ClientError:
+    try:
+        body = r.json()
+        return ClientError(r.status_code, str(body.get("error")), str(body.get("message")))
+    except (ValueError, AttributeError):
+        return ClientError(r.status_code, "http_error", r.text[:200])
+
+
+class Session:
+    def __init__(
+        self,
+        url: str,
+        *,
+        scene: str | None = None,
+        prompt: str = "",
+        seed: int = 0,
+        dispatch: str | None = None,
+        token: str | None = None,
+        whep: bool = False,
+        control: bool = True,
+        keep_frames: int = 16,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.request = {"scene": scene, "prompt": prompt, "seed": seed, "dispatch": dispatch}
+        self.whep, self.control = whep, control
+        self._auth = {"authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.AsyncClient(base_url=self.url, headers=self._auth, timeout=30)
+        self.pc = RTCPeerConnection()
+        self.channel = self.pc.createDataChannel("control") if control else None
+        self.run = ClientRun()
+        self.info: dict[str, Any] | None = None  # the server's session record (REST) or {"resource": …} (WHEP)
+        self._images: asyncio.Queue[tuple[Any, int, float]] = asyncio.Queue(maxsize=keep_frames)  # decoded, unconverted
+        self._seq = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._ready = asyncio.Event()
+        self._video = asyncio.Event()
+        self._content_ids = ContentIds()
+
+    async def __aenter__(self) -> Session:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        await self.close()
+
+    # ---- connecting ----
+
+    async def start(self) -> Session:
+        """Create the session and connect; returns once it streams (steering channel open, or video)."""
+        self.pc.addTransceiver("video", direction="recvonly")
+        self.pc.on("track", self._on_track)
+        if self.channel is not None:
+            self.channel.on("message", self._on_message)
+            self.channel.on("open", self._ready.set)
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        offer = self.pc.localDescription.sdp
+        answer = await (self._offer_whep(offer) if self.whep else self._offer_rest(offer))
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+        if self.channel is not None:
+            await asyncio.wait_for(self._ready.wait(), OPEN_TIMEOUT_S)
+        else:
+            await asyncio.wait_for(self._video.wait(), FIRST_FRAME_TIMEOUT_S)
+        return self
+
+    async def _offer_rest(self, offer: str) -> str:
+        body = {k: v for k, v in self.request.items() if v is not None}
+        r = await self.http.post("/v1/sessions", json=body)
+        if r.status_code != 201:
+            raise _error(r)
+        self.info = r.json()
+        sid, token = self.info["session_id"], self.info["token"]
+        r = await self.http.post(
+            f"/v1/sessions/{sid}/offer",
+            json={"sdp": offer, "type": "offer"},
+            headers={"authorization": f"Bearer {token}"},
+        )
+        if r.status_code != 200:
+            raise _error(r)
+        return str(r.json()["sdp"])
+
+    async def _offer_whep(self, offer: str) -> str:
+        query = urlencode({k: v for k, v in self.request.items() if v not in (None, "")})
+        r = await self.http.post(
+            f"/v1/whep?{query}" if query else "/v1/whep", content=offer, headers={"content-type": "application/sdp"}
+        )
+        if r.status_code != 201:
+            raise _error(r)
+        self.info = {"resource": r.headers["location"], "links": r.headers.get_list("link")}
+        return r.text
+
+    async def close(self) -> dict[str, Any] | None:
+        """End the session (DELETE) and the connection; returns the server's final record, if any."""
+        final = None
+        if self.info is not None:
+            if "resource" in self.info:
+                r = await self.http.delete(self.info["resource"])
+            else:
+                token = {"authorization": f"Bearer {self.info['token']}"}
+                r = await self.http.delete(f"/v1/sessions/{self.info['session_id']}", headers=token)
+            if r.status_code == 200 and r.headers.get("content-type", "").startswith("application/json"):
+                final = r.json()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.pc.close()
+        await self.http.aclose()
+        return final
+
+    async def server_info(self) -> dict[str, Any]:
+        """The server's record of this session (REST sessions)."""
+        assert self.info is not None and "session_id" in self.info, "a WHEP session has no REST record"
+        r = await self.http.get(f"/v1/sessions/{self.info['session_id']}")
+        if r.status_code != 200:
+            raise _error(r)
+        return dict(r.json())
+
+    # ---- steering ----
+
+    def send(self, message: dict[str, Any]) -> int:
+        """Send a data-channel message (adds `seq` and `t`); returns its seq."""
+        assert self.channel is not None, "this session has no control channel (control=False)"
+        self._seq += 1
+        now = time.perf_counter()
+        if message.get("type") in CONTROL_TYPES:
+            self.run.sent[self._seq] = now
+        self.channel.send(json.dumps({**message, "seq": self._seq, "t": now * 1000}))
+        return self._seq
+
+    def press(self, key: str) -> int:
+        return self.send({"type": "control", "key": key, "action": "press"})
+
+    def release(self, key: str) -> int:
+        return self.send({"type": "control", "key": key, "action": "release"})
+
+    def hold(self, *keys: str) -> int:
+        """Hold exactly these keys (releases the others)."""
+        return self.send({"type": "control_state", "controls": list(keys)})
+
+    def look(self, dx_px: float, dy_px: float) -> int:
+        return self.send({"type": "look", "dx": dx_px, "dy": dy_px})
+
+    def reset_pose(self) -> int:
+        return self.send({"type": "reset_pose"})
+
+    # ---- receiving ----
+
+    async def next_frame(self) -> Frame:
+        """The oldest decoded frame not taken yet (a slow consumer gets the newest `keep_frames`)."""
+        frame, pts, t = await self._images.get()
+        return Frame(frame.to_ndarray(format="rgb24"), pts, t)
+
+    async def latest_frame(self) -> Frame:
+        """The newest decoded frame (older ones not taken yet are skipped); waits for one if none."""
+        while self._images.qsize() > 1:
+            self._images.get_nowait()
+        return await self.next_frame()
+
+    async def frames(self, limit: int | None = None) -> AsyncIterator[Frame]:
+        """Decoded frames as they arrive, as `next_frame` gives them."""
+        n = 0
+        while limit is None or n < limit:
+            yield await self.next_frame()
+            n += 1
+
+    def chunk_at(self, pts: int) -> dict[str, Any] | None:
+        """The `chunk` message whose frames include `pts` (None for a repeated frame, or not yet known)."""
+        step = 90_000 // (self.run.ready or {}).get("fps", 16)
+        for chunk in self.run.chunks:
+            for _, start, n in chunk.get("parts", ()):
+                if start <= pts <= start + (n - 1) * step and (pts - start) % step == 0:
+                    return chunk
+        return None
+
+    def glass_to_glass_s(self) -> list[float]:
+        """Per control sent: seconds until the first frame of the first chunk that applied it arrived."""
+        return glass_to_glass_s(self.run.frames, self.run.chunks, self.run.sent, self.run.stamped)
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        task = asyncio.get_running_loop().create_task(self._receive(track))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _receive(self, track: MediaStreamTrack) -> None:
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return  # the track ended
+            t = time.perf_counter()
+            luma = _luma(frame)
+            stamp = read_stamp(luma) if self.run.stamped else None
+            pts = int(frame.pts or 0)
+            self.run.frames.append(ReceivedFrame(t, pts, stamp, self._content_ids(luma)))
+            self._video.set()
+            if self._images.full():
+                self._images.get_nowait()  # keep the newest
+            self._images.put_nowait((frame, pts, t))
+
+    def _on_message(self, data: str | bytes) -> None:
+        msg = json.loads(data)
+        kind = msg.get("type")
+        if kind == "chunk":
+            msg["received_t"] = time.perf_counter()
+            self.run.chunks.append(msg)
+        elif kind == "ready":
+            self.run.ready = msg
+        elif kind == "stats":
+            self.run.stats.append(msg)
+        elif kind == "error":
+            self.run.errors.append(msg)
+        elif kind == "done":
+            self.run.done = msg
