@@ -22,6 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from workers.determinism import intra_op_threads
 from workers.models import components, loading
 from workers.models.presets import TINY
 
@@ -92,12 +93,8 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> TinyCheckpoint:
 @pytest.fixture
 def single_thread_torch() -> Iterator[None]:
     """Run torch on one intra-op thread for the test (2-core runners oversubscribe badly otherwise)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with intra_op_threads(1):
         yield
-    finally:
-        torch.set_num_threads(before)
 
 
 PROCESS_MARKERS = ("processes", "training", "browser", "gpu", "slow")

@@ -23,12 +23,8 @@ from workers.stages.denoise import DenoiseSession
 @pytest.fixture
 def two_ambient_threads() -> Iterator[None]:
     """The calling process runs torch on 2 threads (pytest's default on a 2-core machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with intra_op_threads(2):
         yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_intra_op_threads_sets_and_restores(two_ambient_threads: None) -> None:
