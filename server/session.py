@@ -1,12 +1,14 @@
 """One viewer's session: an enum state machine owning a peer connection, its data channel, the
 pacer and video track, and the engine session that generates its frames.
 
-    created ──offer──▶ connecting ──data channel open──▶ streaming ──▶ closing ──▶ closed
-        │                  │                                                 ▲
+    created ──offer──▶ connecting ──control channel open──▶ streaming ──▶ closing ──▶ closed
+        │                  │     (ICE connected, watch-only)                  ▲
         └── no offer in offer_timeout_s / ICE not connected in ice_timeout_s ┴──▶ failed
 
 Every wait has a timeout, every task is owned here and cancelled on close, and `close()` is
-idempotent, tearing down in reverse order of setup (engine session, track, peer connection).
+idempotent, tearing down in reverse order of setup (engine session, track, peer connection); its
+`EndReason` goes to the client in `done`. Liveness comes from the connection: its state, the
+control channel's close, and the RTCP receiver reports the viewer sends for the video it gets.
 Engine callbacks arrive on the scheduler thread and are handed to the event loop; the loop only
 enqueues frames (no copies, no conversion) and sends small JSON messages.
 
