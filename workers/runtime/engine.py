@@ -9,7 +9,14 @@ frame ring for a session's callback, ending sessions.
 
 One scheduler thread owns all of it; the public methods are thread-safe and only enqueue requests,
 so an asyncio server can call them without blocking its loop. The thread wakes on a worker reply, a
-worker's death (process sentinel), a request, a control source's Hold deadline, or LOOP_TICK_S.
+worker's death (process sentinel), a request, a control source's Hold or a command's deadline, or
+LOOP_TICK_S.
+
+`warm_up` runs one chunk through every stage so no viewer pays first-call costs. A stage that dies,
+fails fatally or hangs past its command deadline fails every session, is killed and restarted at
+once, and the engine warms up again; `healthy` is False until then, and sessions opened meanwhile
+end with an error. If a restart fails the engine is broken for good: `fatal_error` says why and
+`on_fatal` is called (the server exits non-zero, so whatever supervises it can start it afresh).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from workers.controls import ChunkControl
 from workers.models.presets import ModelPreset, get_preset
 from workers.runtime.channel import ChannelConsumer
 from workers.runtime.messages import STAGES, QueryStats, Release, Reply, Shutdown, Stage, StageStats
@@ -37,6 +45,7 @@ from workers.runtime.placement import Placement
 from workers.runtime.records import ChunkOutput
 from workers.runtime.scheduler import (
     ControlSource,
+    Deadlines,
     Deliver,
     Effect,
     Ended,
@@ -45,6 +54,7 @@ from workers.runtime.scheduler import (
     Scheduler,
     Send,
     SessionSpec,
+    StageLost,
 )
 from workers.runtime.spec import FaultSpec, WorkerSpec
 from workers.runtime.supervisor import EngineError, WorkerSupervisor
@@ -68,6 +78,7 @@ class PipelineEngine:
         synthetic: SyntheticModel | None = None,
         faults: dict[Stage, FaultSpec] | None = None,
         start_timeout_s: float = 300.0,
+        deadlines: Deadlines | None = None,
     ) -> None:
         try:
             plan = Schedule(schedule)
@@ -80,7 +91,9 @@ class PipelineEngine:
         self.placement = placement
         self.max_sessions = max_sessions
         devices = {s: placement.stage_devices(s.value) for s in STAGES}
-        self.scheduler = Scheduler({s: len(d) for s, d in devices.items()}, plan, prefetch_chunks, edge_capacity)
+        self.scheduler = Scheduler(
+            {s: len(d) for s, d in devices.items()}, plan, prefetch_chunks, edge_capacity, deadlines=deadlines
+        )
         self.supervisor = WorkerSupervisor(
             {
                 s: tuple(
@@ -111,10 +124,25 @@ class PipelineEngine:
         self._stopping = threading.Event()
         self._stats_waiters: list[tuple[threading.Event, dict[str, Any]]] = []
         self.start_s: float | None = None
+        self.fatal_error: str | None = None
+        self.on_fatal: Callable[[str], object] | None = None  # called once, on the scheduler thread
+        # Sessions counted against max_sessions, from open_session until close_session or their end
+        # (the scheduler thread learns of either a little later).
+        self._admitted: set[str] = set()
+        self._admitted_lock = threading.Lock()
+        self._warmed = False  # warm_up ran: restarted stages are warmed up again before `healthy`
+        self._warming = False
 
     @property
     def counters(self) -> dict[str, int]:
         return self.scheduler.counters | {"worker_restarts": self.supervisor.restarts}
+
+    @property
+    def healthy(self) -> bool:
+        """Started, every stage warm, and not broken (a read from any thread)."""
+        return (
+            self._thread is not None and self.fatal_error is None and not self._warming and self.supervisor.all_alive()
+        )
 
     # ------------------------------------------------------------------ public, thread-safe
 
@@ -129,6 +157,18 @@ class PipelineEngine:
             self.scheduler.stage_up(stage, now)
         self._thread = threading.Thread(target=self._loop, name="pipeline-scheduler", daemon=True)
         self._thread.start()
+
+    def warm_up(self, timeout_s: float = 600.0) -> None:
+        """One chunk through every stage (first-call costs, and each command kind's deadline history)."""
+        done: queue.Queue[str | None] = queue.Queue()
+        self._submit(lambda: self._warm(lambda error: done.put(error)))
+        try:
+            error = done.get(timeout=timeout_s)
+        except queue.Empty:
+            raise EngineError(f"warm-up did not finish in {timeout_s:g} s") from None
+        if error is not None:
+            raise EngineError(f"warm-up failed: {error}")
+        self._warmed = True
 
     def open_session(
         self,
@@ -150,10 +190,13 @@ class PipelineEngine:
             raise ValueError(f"image must be {p.height_px}x{p.width_px}x3 uint8 (fit it to the model first)")
         if p.dit.local_attn_size_frames != -1 and chunk + p.dit.sink_size_frames >= p.dit.local_attn_size_frames:
             raise ValueError(f"chunk of {chunk} latent frames does not fit the attention window")
-        if self.scheduler.active_sessions() >= self.max_sessions:
-            raise EngineError(f"engine is full ({self.max_sessions} sessions)")
+        session_id = uuid.uuid4().hex[:12]
+        with self._admitted_lock:
+            if len(self._admitted) >= self.max_sessions:
+                raise EngineError(f"engine is full ({self.max_sessions} sessions)")
+            self._admitted.add(session_id)
         spec = SessionSpec(
-            id=uuid.uuid4().hex[:12],
+            id=session_id,
             epoch=self.scheduler.next_epoch(),
             seed=seed,
             chunk_latent_frames=chunk,
@@ -168,6 +211,8 @@ class PipelineEngine:
         return spec.id
 
     def close_session(self, session_id: str) -> None:
+        with self._admitted_lock:
+            self._admitted.discard(session_id)
         self._submit(lambda: self._carry_out(self.scheduler.close(session_id)))
 
     def stats(self, timeout_s: float = 10.0) -> dict[str, Any]:
@@ -246,15 +291,22 @@ class PipelineEngine:
                     self._wake_r.recv_bytes()
             elif obj in conn_owner:
                 stage, rank = conn_owner[obj]
+                if self.supervisor.starting(stage):
+                    self._on_start_message(stage, rank, obj)
+                    continue
                 try:
                     while self.supervisor.stages[stage].alive and obj.poll():
                         self._on_reply(stage, rank, obj.recv())
                 except (EOFError, OSError):
-                    self._stage_died(stage, f"{stage.value} worker rank {rank} exited unexpectedly")
+                    self._carry_out(
+                        self.scheduler.stage_down(stage, f"{stage.value} worker rank {rank} exited unexpectedly")
+                    )
             else:
                 assert isinstance(obj, int)  # a process sentinel
                 dead = sentinels[obj]
-                self._stage_died(dead, f"{dead.value} worker died (killed or crashed)")
+                if not self.supervisor.starting(dead):  # a start-up death is check_starting's
+                    self._carry_out(self.scheduler.stage_down(dead, f"{dead.value} worker died (killed or crashed)"))
+        self._check_restarts()
         while True:
             try:
                 fn = self._requests.get_nowait()
@@ -268,22 +320,73 @@ class PipelineEngine:
             self._on_stats(stage, rank, msg)
             return
         self._carry_out(self.scheduler.on_reply(stage, rank, msg, time.perf_counter()))
-        if not self.scheduler.lanes[stage].alive and self.supervisor.stages[stage].alive:
-            self.supervisor.kill(stage)  # a fatal failure: the stage's workers are exiting
 
-    def _stage_died(self, stage: Stage, error: str) -> None:
-        if not self.supervisor.stages[stage].alive:
-            return  # already handled (the pipe's EOF and the sentinel arrive together)
-        self.supervisor.kill(stage)
-        self._carry_out(self.scheduler.stage_down(stage, error))
+    # ---- losing and restarting stages ----
+
+    def _on_start_message(self, stage: Stage, rank: int, conn: Connection) -> None:
+        try:
+            msg = conn.recv()
+            if self.supervisor.on_start_message(stage, rank, msg):
+                log.info("%s stage restarted", stage.value)
+                self.scheduler.stage_up(stage, time.perf_counter())
+                if self._warmed and self.supervisor.all_alive():
+                    self._warm(self._rewarmed)
+        except (EOFError, OSError):
+            self._broken(f"{stage.value} worker rank {rank} exited during restart")
+        except EngineError as exc:
+            self._broken(str(exc))
+
+    def _check_restarts(self) -> None:
+        try:
+            self.supervisor.check_starting()
+        except EngineError as exc:
+            self._broken(str(exc))
+
+    def _warm(self, on_done: Callable[[str | None], None]) -> None:
+        """Open the warm-up session (scheduler thread)."""
+        p = self.preset
+        self._warming = True
+
+        def ended(session_id: str, error: str | None) -> None:
+            self._warming = False
+            on_done(error)
+
+        spec = SessionSpec(
+            id=f"warm-up-{uuid.uuid4().hex[:6]}",
+            epoch=self.scheduler.next_epoch(),
+            seed=0,
+            chunk_latent_frames=p.chunk_latent_frames,
+            image=np.zeros((p.height_px, p.width_px, 3), np.uint8),
+            prompt="",
+            control_source=lambda k: (ChunkControl(), False),
+            on_chunk=lambda out: None,
+            on_end=ended,
+            max_chunks=1,
+        )
+        self._carry_out(self.scheduler.open(spec))
+
+    def _rewarmed(self, error: str | None) -> None:
+        if error is not None:
+            self._broken(f"warm-up after the restart failed: {error}")
+
+    def _broken(self, error: str) -> None:
+        """A restart failed: nothing can be served any more."""
+        if self.fatal_error is not None:
+            return
+        self.fatal_error = f"stage restart failed: {error}"
+        log.error("%s", self.fatal_error)
+        self.supervisor.kill_all()
+        self._carry_out(self.scheduler.fail_all(self.fatal_error))
+        if self.on_fatal is not None:
+            self.on_fatal(self.fatal_error)
 
     def _open(self, spec: SessionSpec) -> None:
-        try:
-            for stage in self.supervisor.restart_dead():  # after a death, a new session gets fresh workers
-                self.scheduler.stage_up(stage, time.perf_counter())
-        except EngineError as exc:
-            self.supervisor.kill_all()
-            spec.on_end(spec.id, f"workers failed to start: {exc}")
+        if not self.healthy:
+            down = [s.value for s, p in self.supervisor.stages.items() if not p.alive]
+            why = self.fatal_error or f"stage {', '.join(down)} is restarting"
+            with self._admitted_lock:
+                self._admitted.discard(spec.id)
+            spec.on_end(spec.id, f"cannot open a session: {why}")
             return
         self._carry_out(self.scheduler.open(spec))
 
@@ -301,8 +404,16 @@ class PipelineEngine:
                 frames = self.consumer.get(part.output, copy=True).numpy()  # before the slot is released
                 out = ChunkOutput(effect.session.id, part.chunk_index, frames, effect.record, part.offset, effect.last)
                 effect.session.on_chunk(out)
+            elif isinstance(effect, StageLost):
+                log.warning("%s; restarting the stage", effect.error)
+                if self.fatal_error is None and not self._stopping.is_set():
+                    self.supervisor.restart(effect.stage)  # kills what is left first (SIGKILL: it may be hung)
+                else:
+                    self.supervisor.kill(effect.stage)
             else:
                 assert isinstance(effect, Ended)
+                with self._admitted_lock:
+                    self._admitted.discard(effect.session.id)
                 effect.session.on_end(effect.session.id, effect.error)
 
     # ---- stats ----

@@ -10,6 +10,8 @@ with a clock reading; its outputs are effects, which the engine carries out in o
     Deliver(session, part, ...)   copy part of a chunk's frames out of the frame ring and hand them
                                   to the session (a ReleaseSlots for that slot always follows)
     Ended(session, error)         the session is over
+    StageLost(stage, error)       the stage's workers are dead, failed fatally or hung: kill what is
+                                  left of them and start new ones (`stage_up` once they are ready)
 
 No pipes, threads or processes: tests drive it with synthetic replies in milliseconds.
 
@@ -25,6 +27,9 @@ Policy:
   is a late result: dropped, counted, and its slots handed back.
 - Close: once nothing is in flight, per-stage state is released one stage at a time, downstream
   first; whatever the session's ledger still holds then has leaked (counted).
+- Deadlines: a stage that has not answered a command by its deadline is hung (a stopped process, a
+  deadlocked collective): it is lost like a dead one. The deadline scales with the stage's own recent
+  answers to that kind of command (`Deadlines`), so a slow model is not mistaken for a hung one.
 """
 
 from __future__ import annotations
@@ -79,6 +84,31 @@ class CommandKind(Enum):
     OPEN = "open"
     CHUNK = "chunk"
     CLOSE = "close"
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """How long a stage may take to answer a command before it counts as hung.
+
+    A kind of command the stage has answered before gets `factor` × the median of its last `window`
+    answer times, and at least `floor_s`; one it has never answered (first calls compile and
+    allocate) gets `first_s`. The server's warm-up chunk sends every kind once.
+    """
+
+    floor_s: float = 3.0
+    factor: float = 4.0
+    first_s: float = 300.0
+    window: int = 16
+
+    def __post_init__(self) -> None:
+        if self.floor_s <= 0 or self.factor < 1 or self.first_s <= 0 or self.window < 1:
+            raise ValueError(f"invalid deadlines: {self}")
+
+    def budget_s(self, history: deque[float] | None) -> float:
+        if not history:
+            return self.first_s
+        ordered = sorted(history)
+        return max(self.floor_s, self.factor * ordered[len(ordered) // 2])
 
 
 @dataclass(frozen=True)
@@ -146,6 +176,8 @@ class Assignment:
     epoch: int
     kind: CommandKind
     chunk_index: int | None
+    sent_t: float
+    deadline_t: float  # no answer by then: the stage is hung
     inputs: tuple[tuple[Stage, TensorRef], ...] = ()  # (producer, ref) the command reads
     replies: list[Reply] = field(default_factory=list)
 
@@ -163,6 +195,7 @@ class Lane:
     idle_since: float | None = None
     idle_intervals: list[tuple[float, float]] = field(default_factory=list)  # since the scheduler's origin
     busy_s: float = 0.0
+    answer_s: dict[CommandKind, deque[float]] = field(default_factory=dict)  # recent send-to-answer times
 
 
 # ---- effects ----
@@ -194,7 +227,13 @@ class Ended:
     error: str | None
 
 
-Effect = Send | ReleaseSlots | Deliver | Ended
+@dataclass(frozen=True)
+class StageLost:
+    stage: Stage
+    error: str
+
+
+Effect = Send | ReleaseSlots | Deliver | Ended | StageLost
 
 
 def _inputs_of(cmd: Command) -> tuple[tuple[Stage, TensorRef], ...]:
@@ -219,17 +258,19 @@ class Scheduler:
         prefetch_chunks: int = 2,
         edge_capacity: int = 2,
         origin_t: float = 0.0,
+        deadlines: Deadlines | None = None,
     ) -> None:
         if prefetch_chunks < 1 or edge_capacity < 1:
             raise ValueError("prefetch_chunks and edge_capacity must be at least 1")
         self.schedule = schedule
         self.prefetch_chunks = 1 if schedule is Schedule.SERIAL else prefetch_chunks
         self.edge_capacity = edge_capacity
+        self.deadlines = deadlines or Deadlines()
         self.origin_t = origin_t  # idle intervals count from here
         self.lanes = {s: Lane(s, world_sizes[s]) for s in STAGES}
         self.sessions: dict[str, Session] = {}
-        self.counters = {"late_results_dropped": 0, "leaked_slots": 0, "sessions_failed": 0}
-        self.retry_at = math.inf  # the earliest Hold deadline of the last pass
+        self.counters = {"late_results_dropped": 0, "leaked_slots": 0, "sessions_failed": 0, "stages_hung": 0}
+        self.retry_at = math.inf  # the earliest Hold or command deadline of the last pass
         self._epochs = itertools.count(1)
         self._out: list[Effect] = []
 
@@ -278,25 +319,18 @@ class Scheduler:
     def stage_up(self, stage: Stage, now: float) -> None:
         lane = self.lanes[stage]
         lane.alive, lane.idle_since = True, now
+        lane.answer_s.clear()  # new workers: their first calls get `Deadlines.first_s` again
 
     def stage_down(self, stage: Stage, error: str) -> list[Effect]:
-        """A stage's workers died or failed fatally: every session loses its state there; fail them all."""
-        lane = self.lanes[stage]
-        lost = lane.assignment
-        lane.alive, lane.assignment = False, None
-        lane.queued.clear()
-        for session in list(self.sessions.values()):
-            # The dead stage's command will never reply: forget it, and give back what it was reading.
-            session.computing.pop(stage, None)
-            if lost is not None and lost.session_id == session.id:
-                self._release_unread(session, lost, [])
-            if session.state in (SessionState.OPENING, SessionState.RUNNING, SessionState.CLOSING):
-                self._fail(session, error)
+        """A stage's workers died, failed fatally or hung: every session loses its state there; fail
+        them all. The engine replaces the workers (StageLost)."""
+        self._lose(stage, error)
         return self._flush()
 
     def on_reply(self, stage: Stage, rank: int, msg: Reply, now: float) -> list[Effect]:
         if isinstance(msg, StageFailed) and msg.fatal:
-            return self.stage_down(stage, msg.error)
+            self._lose(stage, msg.error)
+            return self._flush()
         if isinstance(msg, FramesReady):
             self._on_frames(msg, now)  # ahead of the command's reply, which ends it
             return self._flush()
@@ -307,14 +341,24 @@ class Scheduler:
         if len(assignment.replies) < lane.world_size:
             return self._flush()
         lane.assignment, lane.idle_since = None, now
+        history = lane.answer_s.setdefault(assignment.kind, deque(maxlen=self.deadlines.window))
+        history.append(now - assignment.sent_t)
         self._on_assignment_done(stage, assignment, now)
         return self._flush()
 
     # ---- dispatch ----
 
     def dispatch(self, now: float) -> list[Effect]:
-        """Offer every idle stage its next command (downstream first)."""
+        """Lose the stages that missed a deadline, then offer every idle stage its next command
+        (downstream first)."""
         self.retry_at = math.inf
+        for lane in self.lanes.values():
+            a = lane.assignment
+            if a is not None and now >= a.deadline_t:
+                self.counters["stages_hung"] += 1
+                what = a.kind.value if a.chunk_index is None else f"chunk {a.chunk_index}"
+                waited_s = now - a.sent_t
+                self._lose(lane.stage, f"{lane.stage.value} stage hung: no answer to {what} in {waited_s:.1f} s")
         for stage in reversed(STAGES):
             lane = self.lanes[stage]
             if not lane.alive or lane.assignment is not None:
@@ -336,6 +380,9 @@ class Scheduler:
                     lane.rr = (lane.rr + i + 1) % len(order)
                     self._assign(lane, work, CommandKind.CHUNK, session, work.chunk_index, now)
                     break
+        for lane in self.lanes.values():
+            if lane.assignment is not None:
+                self.retry_at = min(self.retry_at, lane.assignment.deadline_t)
         return self._flush()
 
     def report(self, now: float) -> dict[str, Any]:
@@ -391,7 +438,8 @@ class Scheduler:
         if lane.idle_since is not None and self.sessions:
             lane.idle_intervals.append((lane.idle_since - self.origin_t, now - self.origin_t))
         lane.idle_since = None
-        lane.assignment = Assignment(session.id, session.spec.epoch, kind, chunk, _inputs_of(cmd))
+        deadline_t = now + self.deadlines.budget_s(lane.answer_s.get(kind))
+        lane.assignment = Assignment(session.id, session.spec.epoch, kind, chunk, now, deadline_t, _inputs_of(cmd))
         if kind is CommandKind.CHUNK:
             assert chunk is not None
             session.computing[lane.stage] = chunk
@@ -503,6 +551,22 @@ class Scheduler:
         self._release(session, Stage.DECODE, [part.output], "copied")
 
     # ---- internals: closing ----
+
+    def _lose(self, stage: Stage, error: str) -> None:
+        lane = self.lanes[stage]
+        if not lane.alive:
+            return  # already lost (a death is seen through the pipe and the sentinel)
+        lost = lane.assignment
+        lane.alive, lane.assignment = False, None
+        lane.queued.clear()
+        self._out.append(StageLost(stage, error))
+        for session in list(self.sessions.values()):
+            # The dead stage's command will never reply: forget it, and give back what it was reading.
+            session.computing.pop(stage, None)
+            if lost is not None and lost.session_id == session.id:
+                self._release_unread(session, lost, [])
+            if session.state in (SessionState.OPENING, SessionState.RUNNING, SessionState.CLOSING):
+                self._fail(session, error)
 
     def _fail(self, session: Session, error: str) -> None:
         self.counters["sessions_failed"] += 1

@@ -3,6 +3,10 @@
 Each stage is one process per rank (spawn start method), joined to its rank-0 peers by a
 torch.distributed file rendezvous when it has several. The supervisor owns the processes and their
 pipes; it makes no scheduling decision.
+
+The first start blocks until every stage is warm. A restart does not: `restart` spawns the stage
+and returns, the engine's thread keeps serving, and feeds the new workers' start-up messages to
+`on_start_message` until the stage is ready (or `check_starting` finds it dead or late).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ class StageProcesses:
     conns: list[Connection] = field(default_factory=list)
     alive: bool = False
     dist_dir: str | None = None
+    starting_until: float | None = None  # a restart in progress must be ready by then (monotonic)
+    ready_ranks: set[int] = field(default_factory=set)
 
 
 class WorkerSupervisor:
@@ -55,13 +61,41 @@ class WorkerSupervisor:
                 self.kill(stage)
             raise
 
-    def restart_dead(self) -> list[Stage]:
-        """Start again every stage that is down; the stages restarted."""
-        dead = [s for s, p in self.stages.items() if not p.alive]
-        if dead:
-            self.restarts += len(dead)
-            self.start(tuple(dead))
-        return dead
+    def restart(self, stage: Stage) -> None:
+        """Kill what is left of the stage and spawn it again, without waiting for it."""
+        self.kill(stage)
+        self.restarts += 1
+        self._spawn(stage)
+        p = self.stages[stage]
+        p.starting_until = time.monotonic() + self.start_timeout_s
+        p.ready_ranks = set()
+
+    def starting(self, stage: Stage) -> bool:
+        return self.stages[stage].starting_until is not None
+
+    def on_start_message(self, stage: Stage, rank: int, msg: object) -> bool:
+        """A restarting stage's worker reported; True once all its ranks are ready."""
+        p = self.stages[stage]
+        if isinstance(msg, StageFailed):
+            raise EngineError(msg.error)
+        if not isinstance(msg, WorkerReady):
+            raise EngineError(f"{stage.value} worker rank {rank} sent {type(msg).__name__} while starting")
+        p.ready_ranks.add(rank)
+        if len(p.ready_ranks) < len(p.procs):
+            return False
+        p.starting_until, p.alive = None, True
+        return True
+
+    def check_starting(self) -> None:
+        """Raise if a restarting stage's worker died or is late."""
+        for stage, p in self.stages.items():
+            if p.starting_until is None:
+                continue
+            for rank, proc in enumerate(p.procs):
+                if rank not in p.ready_ranks and not proc.is_alive():
+                    raise EngineError(f"{stage.value} worker rank {rank} exited during start-up")
+            if time.monotonic() > p.starting_until:
+                raise EngineError(f"{stage.value} worker not ready after {self.start_timeout_s:.0f} s")
 
     def kill(self, stage: Stage) -> None:
         p = self.stages[stage]
@@ -74,7 +108,7 @@ class WorkerSupervisor:
                 remove_segments(proc.pid)
         for conn in p.conns:
             conn.close()
-        p.procs, p.conns, p.alive = [], [], False
+        p.procs, p.conns, p.alive, p.starting_until = [], [], False, None
         if p.dist_dir:
             shutil.rmtree(p.dist_dir, ignore_errors=True)
             p.dist_dir = None
@@ -122,7 +156,10 @@ class WorkerSupervisor:
                     raise EngineError(f"{stage.value} worker rank {rank} exited during start-up")
                 if time.monotonic() > deadline:
                     raise EngineError(f"{stage.value} worker rank {rank} not ready after {self.start_timeout_s:.0f} s")
-            msg = conn.recv()
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                raise EngineError(f"{stage.value} worker rank {rank} exited during start-up") from None
             if isinstance(msg, StageFailed):
                 raise EngineError(msg.error)
             assert isinstance(msg, WorkerReady), msg

@@ -6,7 +6,6 @@ to stop. A failed command is reported upward naming the stage; nobody retries si
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 import traceback
@@ -15,6 +14,7 @@ from multiprocessing.connection import Connection
 import torch
 
 from workers.parallel.group import destroy_stage_group, init_stage_group
+from workers.runtime.channel import remove_segments
 from workers.runtime.handlers import build_handler
 from workers.runtime.messages import Shutdown, StageFailed, WorkerReady
 from workers.runtime.parent_death import die_with_parent
@@ -23,8 +23,8 @@ from workers.runtime.spec import WorkerSpec
 
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     """Process entry point (spawn start method)."""
-    die_with_parent(spec.parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when workers stop
+    # The server decides when workers stop; if it dies, nobody else will unlink this worker's slot files.
+    die_with_parent(spec.parent_pid, on_exit=lambda: remove_segments(os.getpid()))
 
     handler = None
     group = None
@@ -68,3 +68,8 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         handler.close()
         if group is not None:
             destroy_stage_group(group)
+    # Everything this process shares is released above; tearing down the interpreter (torch's
+    # modules) would only make the server's shutdown wait a second longer.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

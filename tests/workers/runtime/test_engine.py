@@ -131,7 +131,8 @@ def test_killed_worker_is_detected_and_replaced() -> None:
         # there is no timeout path that could report it instead.
         assert value in ("dit worker died (killed or crashed)", "dit worker rank 0 exited unexpectedly"), value
         assert leaked_segments(dit_pid) == [], "the killed worker's slot files were not removed"
-        # New sessions get fresh workers.
+        # The stage restarts at once, without waiting for a session; new sessions get the fresh workers.
+        wait_until(lambda: engine.healthy, WAIT_S, "the DiT stage to restart")
         assert len(run_session(engine, seed=2, num_chunks=2)) == 2
         assert engine.worker_pids()["dit"][0] != dit_pid
         assert engine.stats()["counters"]["worker_restarts"] >= 1

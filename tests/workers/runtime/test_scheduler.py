@@ -34,6 +34,7 @@ from workers.runtime.messages import (
 )
 from workers.runtime.records import ChunkOutput
 from workers.runtime.scheduler import (
+    Deadlines,
     Deliver,
     Effect,
     Ended,
@@ -43,6 +44,7 @@ from workers.runtime.scheduler import (
     Scheduler,
     Send,
     SessionSpec,
+    StageLost,
 )
 
 C = 4  # latent frames per chunk
@@ -70,6 +72,7 @@ class FakeWorkers:
     sent: list[tuple[Stage, Command]] = field(default_factory=list)
     handed_out: dict[SlotKey, Stage] = field(default_factory=dict)
     released: list[tuple[Stage, Ack]] = field(default_factory=list)
+    lost: list[StageLost] = field(default_factory=list)
     now: float = 0.0
 
     def run(self, effects: list[Effect]) -> None:
@@ -87,6 +90,9 @@ class FakeWorkers:
                 frames = np.zeros((e.part.output.shape[0], 1, 1, 3), np.uint8)  # type: ignore[union-attr]
                 out = ChunkOutput(e.session.id, e.part.chunk_index, frames, e.record, e.part.offset, e.last)
                 e.session.on_chunk(out)
+            elif isinstance(e, StageLost):
+                self.computing.pop(e.stage, None)  # the engine kills its workers
+                self.lost.append(e)
             else:
                 assert isinstance(e, Ended)
                 e.session.on_end(e.session.id, e.error)
@@ -161,8 +167,8 @@ def open_session(fw: FakeWorkers, viewer: Viewer, max_chunks: int | None = None)
     return spec
 
 
-def make(schedule: Schedule = Schedule.PIPELINED) -> FakeWorkers:
-    sched = Scheduler({s: 1 for s in STAGES}, schedule)
+def make(schedule: Schedule = Schedule.PIPELINED, deadlines: Deadlines | None = None) -> FakeWorkers:
+    sched = Scheduler({s: 1 for s in STAGES}, schedule, deadlines=deadlines)
     for s in STAGES:
         sched.stage_up(s, 0.0)
     return FakeWorkers(sched)
@@ -190,6 +196,7 @@ def test_a_session_runs_to_its_end_in_order_and_every_slot_comes_back() -> None:
         "late_results_dropped": 0,
         "leaked_slots": 0,
         "sessions_failed": 0,
+        "stages_hung": 0,
     }
     assert spec.id not in fw.sched.sessions and fw.sched.outstanding_slots() == 0
 
@@ -290,6 +297,71 @@ def test_a_dead_stage_fails_every_session() -> None:
     assert not fw.sched.lanes[Stage.DECODE].alive and fw.sched.sessions == {}
     # The dead stage's own slots die with it; every other producer got its slots back.
     assert all(stage is Stage.DECODE for stage in fw.handed_out.values())
+
+
+def warmed(deadlines: Deadlines) -> tuple[FakeWorkers, Viewer]:
+    """A running session whose stages have each answered a few commands of every kind in 0.01 s."""
+    fw, viewer = make(deadlines=deadlines), Viewer()
+    open_session(fw, viewer)
+    for _ in range(12):
+        fw.step()
+        for stage in reversed(STAGES):
+            if stage in fw.computing:
+                fw.finish(stage)
+    return fw, viewer
+
+
+def test_a_stage_that_misses_its_deadline_is_lost_and_fails_the_sessions() -> None:
+    deadlines = Deadlines(floor_s=1.0, factor=4.0, first_s=60.0)
+    fw, viewer = warmed(deadlines)
+    fw.step()  # the DiT gets its next chunk, and never answers; the others do
+    for stage in (Stage.DECODE, Stage.ENCODE):
+        if stage in fw.computing:
+            fw.finish(stage)
+    hung = fw.sched.lanes[Stage.DIT].assignment
+    assert hung is not None
+    assert hung.deadline_t - hung.sent_t == pytest.approx(1.0)  # 4 × 0.01 s is under the floor
+    assert fw.sched.retry_at <= hung.deadline_t  # the engine wakes for it
+    fw.step(0.99 - (fw.now - hung.sent_t))  # not yet
+    assert fw.lost == [] and viewer.ended == []
+    fw.step(0.02)
+    assert [e.stage for e in fw.lost] == [Stage.DIT] and "dit stage hung" in fw.lost[0].error
+    fw.drain()
+    assert viewer.ended == [fw.lost[0].error] and fw.sched.counters["stages_hung"] == 1
+    assert not fw.sched.lanes[Stage.DIT].alive
+    # Nothing the hung stage was reading is left held: only its own outputs died with it.
+    assert all(stage is Stage.DIT for stage in fw.handed_out.values())
+
+
+def test_a_slow_stage_that_keeps_answering_is_not_hung() -> None:
+    # Each answer takes 0.8 × the budget the previous ones earned: slow, never late.
+    fw, viewer = warmed(Deadlines(floor_s=0.05, factor=2.0, first_s=60.0))
+    for _ in range(30):
+        fw.step()
+        for stage in reversed(STAGES):
+            a = fw.sched.lanes[stage].assignment
+            if stage in fw.computing and a is not None:
+                fw.now = a.sent_t + 0.8 * (a.deadline_t - a.sent_t)
+                fw.finish(stage)
+    assert fw.lost == [] and viewer.ended == []
+    assert len(viewer.parts) > 10
+
+
+def test_first_commands_and_restarted_stages_get_the_first_call_budget() -> None:
+    deadlines = Deadlines(floor_s=1.0, factor=4.0, first_s=60.0)
+    fw = make(deadlines=deadlines)
+    open_session(fw, Viewer())
+    fw.step()
+    first = fw.sched.lanes[Stage.DECODE].assignment
+    assert first is not None and first.deadline_t - first.sent_t == 60.0
+    fw, _ = warmed(deadlines)
+    fw.run(fw.sched.stage_down(Stage.DECODE, "decode worker died"))
+    fw.drain()
+    fw.sched.stage_up(Stage.DECODE, fw.now)  # new workers: first calls again
+    open_session(fw, Viewer())
+    fw.step()
+    again = fw.sched.lanes[Stage.DECODE].assignment
+    assert again is not None and again.deadline_t - again.sent_t == 60.0
 
 
 def test_closing_while_opening_drops_the_late_reply_and_frees_its_output() -> None:
