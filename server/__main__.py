@@ -1,12 +1,15 @@
 """Run the server: `python -m server [--host H] [--port P] [--model M] [--placement P] ...`.
 
 Flags override WORLDRTC_* environment variables, which override the defaults. The URL to open is
-printed once the model is loaded and warm.
+printed once the model is loaded and warm. SIGTERM drains, SIGINT stops (server/lifecycle.py); the
+exit status is 0 after either, 1 when the engine failed, 2 for bad settings.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 
 import uvicorn
@@ -14,6 +17,7 @@ from pydantic import ValidationError
 
 from server.app import create_app
 from server.dispatch import DispatchPolicy
+from server.lifecycle import serve
 from server.logs import configure_logging
 from server.settings import Settings
 from workers.models.presets import DEFAULT_PRESET
@@ -60,15 +64,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"worldrtc: open {url}", flush=True)
 
     state.on_ready = announce
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=log_level,
-        timeout_graceful_shutdown=int(settings.drain_timeout_s),
-    )
-    return 0
+    code = serve(state, uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level))
+    if code:
+        why = state.engine.fatal_error or state.load_error or "see the log above"
+        print(f"worldrtc: stopped with an engine failure: {why}", file=sys.stderr, flush=True)
+    return code
+
+
+def exit_now(code: int) -> None:
+    """Exit without tearing down the interpreter: everything the server shares (workers, shared
+    memory, sockets) is released by now, and unloading torch's modules takes a second for nothing."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())

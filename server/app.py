@@ -10,10 +10,10 @@ import asyncio
 import base64
 import binascii
 import logging
-import queue
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,8 +27,21 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.codecs import set_video_bitrate
-from server.errors import BadRequest, Busy, Loading, NotFound, ServerError, TooLarge, Unauthorized, http_status
+from server.errors import (
+    BadRequest,
+    Busy,
+    Draining,
+    Loading,
+    NotFound,
+    RateLimited,
+    Restarting,
+    ServerError,
+    TooLarge,
+    Unauthorized,
+    http_status,
+)
 from server.ice import host_addresses, keep_local_candidates, use_loopback_candidates, use_udp_port_range
+from server.lifecycle import WORKER_GRACE_S, Phase
 from server.metrics import LoopLagMonitor, Metrics
 from server.protocol import (
     MAX_CONTROL_MESSAGE_BYTES,
@@ -40,12 +53,14 @@ from server.protocol import (
     OfferRequest,
     SessionInfo,
 )
+from server.rate_limit import PerClientLimiter, client_address
 from server.scenes import default_scene, scene_names, scene_path
+from server.sctp import bound_inbound_messages
 from server.session import ACTIVE, ServerSession, SessionState
 from server.settings import Settings
 from server.whep import whep_router
 from workers.chunk_geometry import chunk_num_frames
-from workers.controls import ChunkControl, client_contract
+from workers.controls import client_contract
 from workers.images import ImageError, fit_image, read_image
 from workers.runtime.engine import PipelineEngine
 from workers.runtime.placement import get_placement
@@ -81,41 +96,71 @@ class AppState:
         self.load_error: str | None = None
         self.ready_s: float | None = None
         self.on_ready: Callable[[], None] | None = None
+        self.phase = Phase.SERVING
+        # Set by the process runner (server/lifecycle.py): stop with this exit status. Without one
+        # (an app inside tests) a broken engine only shows in /readyz.
+        self.request_exit: Callable[[int], None] | None = None
+        self.worker_grace_s = WORKER_GRACE_S
 
         # Bound to loopback, offers keep only candidates on this host (server/ice.py).
         self.own_addresses = host_addresses() if settings.is_loopback else None
+        self.create_limiter = PerClientLimiter(settings.create_rate_per_min / 60, settings.create_burst)
+        self._admitting = 0  # creates past the capacity check, still decoding their image
 
     def active_sessions(self) -> int:
         return sum(s.state in ACTIVE for s in self.sessions.values())
 
     def require_ready(self) -> None:
+        """Raise unless new sessions can start now."""
         if self.load_error is not None:
             raise ServerError(f"the engine failed to start: {self.load_error}")
+        if self.engine.fatal_error is not None:
+            raise ServerError(f"the engine failed: {self.engine.fatal_error}")
+        if self.phase is not Phase.SERVING:
+            raise Draining("the server is shutting down; connect to another instance", retry_after_s=5)
         if not self.ready:
             raise Loading("the model is loading; retry shortly", retry_after_s=2)
+        if not self.engine.healthy:
+            raise Restarting("a stage worker is restarting after a failure; retry shortly", retry_after_s=2)
+
+    def engine_failed(self, error: str) -> None:
+        """The engine cannot serve any more (on the loop): every session ends, the process exits 1."""
+        log.error("the engine failed: %s", error)
+        if self.request_exit is not None:
+            self.request_exit(1)
 
     def check_token(self, request: Request) -> None:
         """FastAPI dependency: the API token, when the server has one."""
         token = self.settings.api_token
-        if token is not None and request.headers.get("authorization") != f"Bearer {token}":
+        if token is not None and not secrets.compare_digest(
+            request.headers.get("authorization", ""), f"Bearer {token}"
+        ):
             raise Unauthorized("missing or wrong API token: send 'Authorization: Bearer <token>'")
 
     def session_for(self, session_id: str, request: Request) -> ServerSession:
-        """FastAPI dependency: the session, if the request may act on it (API or session token)."""
+        """FastAPI dependency: the session, if the request may act on it (API or session token).
+        Without a valid token the answer is 401 whether or not the session exists: no oracle."""
         session = self.sessions.get(session_id)
+        if self.settings.api_token is not None:
+            own = session is not None and bearer_is(request, session.token)
+            if not (own or bearer_is(request, self.settings.api_token)):
+                raise Unauthorized("send 'Authorization: Bearer <session token or API token>'")
         if session is None:
             raise NotFound(f"no session {session_id!r}")
-        if self.settings.api_token is not None:
-            given = request.headers.get("authorization", "")
-            if given not in (f"Bearer {self.settings.api_token}", f"Bearer {session.token}"):
-                raise Unauthorized("send 'Authorization: Bearer <session token or API token>'")
         return session
 
-    async def new_session(self, body: CreateSessionRequest) -> ServerSession:
-        """A session in state `created`, waiting for its offer (REST create, or WHEP)."""
+    async def new_session(self, body: CreateSessionRequest, client: str) -> ServerSession:
+        """A session in state `created`, waiting for its offer (REST create, or WHEP). `client` is the
+        caller's address, for the per-client creation rate. Every refusal comes before any work."""
         self.require_ready()
         settings = self.settings
-        if self.active_sessions() >= settings.max_sessions:
+        wait_s = self.create_limiter.take(client, time.monotonic())
+        if wait_s is not None:
+            self.metrics.sessions_refused.labels("rate_limited").inc()
+            rate = f"{settings.create_burst} at once, then {settings.create_rate_per_min:g} a minute"
+            raise RateLimited(f"too many sessions created from {client} ({rate})", retry_after_s=wait_s)
+        if self.active_sessions() + self._admitting >= settings.max_sessions:
+            self.metrics.sessions_refused.labels("busy").inc()
             raise Busy(f"all {settings.max_sessions} session slots are in use; retry later", retry_after_s=5)
         if body.fps is not None and 90_000 % body.fps:
             raise BadRequest(
@@ -128,7 +173,11 @@ class AppState:
                 raise BadRequest(
                     f"chunk_frames {body.chunk_frames} does not fit the attention window; use at most {room}"
                 )
-        scene, image = await asyncio.to_thread(_start_image, body, self)
+        self._admitting += 1  # holds the slot while the image decodes off the loop
+        try:
+            scene, image = await asyncio.to_thread(_start_image, body, self)
+        finally:
+            self._admitting -= 1
         session = ServerSession(
             self.engine,
             self.preset,
@@ -165,33 +214,24 @@ class AppState:
         task.add_done_callback(self.tasks.discard)
 
 
-def _warm_up(engine: PipelineEngine, preset: Any) -> None:
-    """One chunk through every stage, so the first viewer does not pay first-call costs."""
-    done: queue.Queue[str | None] = queue.Queue()
-    image = np.zeros((preset.height_px, preset.width_px, 3), np.uint8)
-    engine.open_session(
-        image, "", 0, lambda k: (ChunkControl(), False), lambda out: None, lambda sid, err: done.put(err), max_chunks=1
-    )
-    error = done.get(timeout=600)
-    if error is not None:
-        raise RuntimeError(f"warm-up failed: {error}")
-
-
 def create_app(settings: Settings) -> FastAPI:
     state = AppState(settings)
     set_video_bitrate(settings.video_bitrate_bps, fps=state.fps)
     use_loopback_candidates(settings.is_loopback)
+    bound_inbound_messages()
     lo, hi = settings.udp_port_min, settings.udp_port_max
     use_udp_port_range(None if lo is None or hi is None else (lo, hi))  # both or neither (validated)
 
     async def load() -> None:
         t0 = time.monotonic()
+        loop = asyncio.get_running_loop()
+        state.engine.on_fatal = lambda error: loop.call_soon_threadsafe(state.engine_failed, error)
         try:
             await asyncio.to_thread(state.engine.start)
-            await asyncio.to_thread(_warm_up, state.engine, state.preset)
+            await asyncio.to_thread(state.engine.warm_up)
         except Exception as exc:
-            state.load_error = f"{type(exc).__name__}: {exc}"
-            log.error("engine failed to start: %s", state.load_error)
+            state.load_error = str(exc)
+            state.engine_failed(f"it did not start: {state.load_error}")
             return
         state.ready = True
         state.ready_s = time.monotonic() - t0
@@ -210,10 +250,20 @@ def create_app(settings: Settings) -> FastAPI:
             for task in (loader, *state.tasks):
                 task.cancel()
             await asyncio.gather(loader, *state.tasks, return_exceptions=True)
-            await asyncio.to_thread(state.engine.shutdown)
+            await asyncio.to_thread(state.engine.shutdown, state.worker_grace_s)
             await state.lag.stop()
 
-    app = FastAPI(title="worldrtc", version="0.1.0", lifespan=lifespan)
+    # With an API token, the schema is served behind it too, and the docs pages (which fetch the
+    # schema without a token) are off.
+    public_docs = settings.api_token is None
+    app = FastAPI(
+        title="worldrtc",
+        version="0.1.0",
+        lifespan=lifespan,
+        openapi_url="/openapi.json" if public_docs else None,
+        docs_url="/docs" if public_docs else None,
+        redoc_url="/redoc" if public_docs else None,
+    )
     app.state.worldrtc = state
     app.add_middleware(BodyLimit, settings=settings)
     if settings.cors_origins:
@@ -235,9 +285,11 @@ def create_app(settings: Settings) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+        loc = first.get("loc", ())
+        json_error = first.get("type") == "json_invalid"  # its loc ends with a character offset
+        where = ".".join(str(p) for p in loc if p != "body" and not json_error) or "body"
         body = ErrorBody(error="bad_request", message=f"{where}: {first.get('msg')}").model_dump()
-        return JSONResponse(body, status_code=422)
+        return JSONResponse(body, status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -249,6 +301,12 @@ def create_app(settings: Settings) -> FastAPI:
     require_ready = state.require_ready
 
     # ---- health, model, metrics ----
+
+    if not public_docs:
+
+        @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(require_token)])
+        async def openapi() -> dict[str, Any]:
+            return app.openapi()
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -275,12 +333,17 @@ def create_app(settings: Settings) -> FastAPI:
             "limits": {
                 "control_message_bytes": MAX_CONTROL_MESSAGE_BYTES,
                 "control_rate_per_s": settings.control_rate_per_s,
+                "abuse_limit": settings.abuse_limit,
+                "abuse_window_s": settings.abuse_window_s,
+                "create_burst": settings.create_burst,
+                "create_rate_per_min": settings.create_rate_per_min,
                 "image_max_bytes": settings.image_max_bytes,
+                "image_max_pixels": settings.image_max_pixels,
                 "sdp_max_bytes": settings.sdp_max_bytes,
                 "max_prompt_chars": MAX_PROMPT_CHARS,
                 "idle_timeout_s": settings.idle_timeout_s,
                 "peer_timeout_s": settings.peer_timeout_s,
-                "max_session_s": settings.max_session_s,
+                "max_session_s": settings.session_limit_s,
             },
             "scenes": [{"name": n, "url": f"/v1/scenes/{n}"} for n in scene_names()],
             "ready": state.ready,
@@ -308,6 +371,7 @@ def create_app(settings: Settings) -> FastAPI:
             },
             "event_loop_lag_p99_s": state.lag.p99_s(),
             "event_loop_tasks": len(asyncio.all_tasks()),
+            "peer_connections": int(state.metrics.registry.get_sample_value("worldrtc_peer_connections") or 0),
         }
 
     @app.get("/metrics")
@@ -321,8 +385,8 @@ def create_app(settings: Settings) -> FastAPI:
     # ---- sessions ----
 
     @app.post("/v1/sessions", status_code=201, response_model=SessionInfo, dependencies=[Depends(require_token)])
-    async def create_session(body: CreateSessionRequest | None = None) -> dict[str, Any]:
-        session = await state.new_session(body or CreateSessionRequest())
+    async def create_session(request: Request, body: CreateSessionRequest | None = None) -> dict[str, Any]:
+        session = await state.new_session(body or CreateSessionRequest(), client_address(request))
         return session.info() | {"token": session.token}
 
     @app.get("/v1/sessions", dependencies=[Depends(require_token)])
@@ -356,6 +420,12 @@ def create_app(settings: Settings) -> FastAPI:
     return app
 
 
+def bearer_is(request: Request, token: str) -> bool:
+    """The request carries `Authorization: Bearer <token>` (compared in constant time)."""
+    given = request.headers.get("authorization", "").encode("utf-8", "surrogateescape")
+    return secrets.compare_digest(given, f"Bearer {token}".encode())
+
+
 def _start_image(body: CreateSessionRequest, state: AppState) -> tuple[str | None, np.ndarray]:
     """(scene name or None, HxWx3 uint8 at the model's resolution) from a scene name, a data URL, or
     neither: the default scene. Runs in a worker thread."""
@@ -380,7 +450,7 @@ def _start_image(body: CreateSessionRequest, state: AppState) -> tuple[str | Non
         except (binascii.Error, ValueError):
             raise BadRequest("'image' is not valid base64") from None
     try:
-        return scene, fit_image(read_image(source), p.height_px, p.width_px)
+        return scene, fit_image(read_image(source, state.settings.image_max_pixels), p.height_px, p.width_px)
     except ImageError as exc:
         raise BadRequest(str(exc)) from None
 
@@ -410,19 +480,32 @@ class BodyLimit:
             await self._refuse(send, limit)
             return
         seen = 0
+        exceeded = started = False
 
         async def limited_receive() -> dict[str, Any]:
-            nonlocal seen
+            nonlocal seen, exceeded
+            if exceeded:
+                raise _TooLargeBody()
             message: dict[str, Any] = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
+                    exceeded = True
                     raise _TooLargeBody()
             return message
 
-        try:
-            await self.app(scope, limited_receive, send)
-        except _TooLargeBody:
+        async def guarded_send(message: dict[str, Any]) -> None:
+            # The app may turn the cut-off into an error of its own (FastAPI: 400, "error parsing
+            # the body"); the client gets the 413 instead.
+            nonlocal started
+            if exceeded:
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        with suppress(_TooLargeBody):
+            await self.app(scope, limited_receive, guarded_send)
+        if exceeded and not started:
             await self._refuse(send, limit)
 
     @staticmethod

@@ -52,8 +52,24 @@ class Busy(ServerError):
     code = "busy"
 
 
-class Loading(ServerError):
+class RateLimited(ServerError):
+    code = "rate_limited"
+
+
+class Unavailable(ServerError):
+    code = "unavailable"
+
+
+class Loading(Unavailable):
     code = "loading"
+
+
+class Restarting(Unavailable):
+    code = "restarting"
+
+
+class Draining(Unavailable):
+    code = "draining"
 
 
 HTTP_STATUS: dict[type[ServerError], int] = {
@@ -65,7 +81,8 @@ HTTP_STATUS: dict[type[ServerError], int] = {
     TooLarge: 413,
     UnsupportedMediaType: 415,
     Busy: 429,
-    Loading: 503,
+    RateLimited: 429,
+    Unavailable: 503,
     ServerError: 500,
 }
 

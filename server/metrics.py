@@ -41,6 +41,16 @@ class Metrics:
         self.worker_restarts = Gauge("worldrtc_worker_restarts", "Stage worker restarts so far", registry=r)
         self.loop_lag = Histogram("worldrtc_event_loop_lag_seconds", "Event-loop lag", buckets=LAG_BUCKETS, registry=r)
         self.errors = Counter("worldrtc_client_errors_total", "Errors sent to clients", ["code"], registry=r)
+        self.control_messages = Counter(
+            "worldrtc_control_messages_total",
+            "Data-channel messages from clients, by result (accepted, rate_limited, invalid)",
+            ["result"],
+            registry=r,
+        )
+        self.peer_connections = Gauge("worldrtc_peer_connections", "Open WebRTC peer connections", registry=r)
+        self.sessions_refused = Counter(
+            "worldrtc_sessions_refused_total", "Session creations refused, by reason", ["reason"], registry=r
+        )
 
 
 class LoopLagMonitor:

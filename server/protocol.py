@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from server.dispatch import DispatchPolicy
 from workers.controls import (
     CONTROL_TYPES,
+    ClientMessageBase,
     ControlMsg,
     ControlStateMsg,
     LookMsg,
@@ -55,22 +56,16 @@ class ProtocolError(ValueError):
 # ---- client -> server (data channel) ----
 
 
-class _ClientMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
-    seq: int | None = None
-    t: float | None = None  # client clock, ms
-
-
-class PromptMsg(_ClientMessage):
+class PromptMsg(ClientMessageBase):
     type: Literal["prompt"]
     text: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
 
 
-class PingMsg(_ClientMessage):
+class PingMsg(ClientMessageBase):
     type: Literal["ping"]
 
 
-class StopMsg(_ClientMessage):
+class StopMsg(ClientMessageBase):
     type: Literal["stop"]
 
 
@@ -81,12 +76,18 @@ KNOWN_TYPES = (*CONTROL_TYPES, "prompt", "ping", "stop")
 
 def parse_client_message(data: str | bytes) -> ClientMessage:
     """Raw data-channel payload -> typed message, or ProtocolError with a code the client can act on."""
-    size = len(data.encode() if isinstance(data, str) else data)
+    if isinstance(data, bytes):
+        raise ProtocolError("bad_message", "control messages are JSON text, not binary messages")
+    try:
+        size = len(data.encode())
+    except UnicodeEncodeError:  # a lone surrogate: no client's JSON text holds one
+        raise ProtocolError("bad_json", "control messages must be UTF-8 JSON text") from None
     if size > MAX_CONTROL_MESSAGE_BYTES:
         raise ProtocolError("message_too_large", f"control messages are limited to {MAX_CONTROL_MESSAGE_BYTES} bytes")
     try:
+        # Deep nesting exhausts the parser's recursion before any size check could see it.
         raw = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, RecursionError):
         raise ProtocolError("bad_json", "control messages must be JSON objects") from None
     if not isinstance(raw, dict):
         raise ProtocolError("bad_json", "control messages must be JSON objects")
@@ -156,6 +157,11 @@ class StatsMsg(_ServerMessage):
     start_to_pacer_quantile_s: float | None
     start_to_pacer_p50_s: float | None
     dispatch_lateness_s: float
+    # Generation is slower than playback: chunks come further apart than they last (the viewer sees
+    # repeated frames). The model is too slow for this session's fps on this hardware.
+    behind: bool
+    controls_accepted: int
+    controls_refused: int  # rate-limited or invalid
 
 
 class ErrorMsg(_ServerMessage):
@@ -184,7 +190,8 @@ class EndReason(StrEnum):
     ICE_TIMEOUT = "ice_timeout"  # ICE did not connect within ice_timeout_s
     BAD_OFFER = "bad_offer"  # the offer could not be used
     GENERATION_FAILED = "generation_failed"  # a stage failed; the message says which and how
-    SERVER_SHUTDOWN = "server_shutdown"
+    PROTOCOL_ABUSE = "protocol_abuse"  # too many invalid data-channel messages (abuse_limit)
+    SERVER_SHUTDOWN = "server_shutdown"  # the server stopped (after its drain, if it had one)
 
     @property
     def failed(self) -> bool:
@@ -192,7 +199,14 @@ class EndReason(StrEnum):
 
 
 FAILURES = frozenset(
-    {EndReason.PEER_GONE, EndReason.NO_OFFER, EndReason.ICE_TIMEOUT, EndReason.BAD_OFFER, EndReason.GENERATION_FAILED}
+    {
+        EndReason.PEER_GONE,
+        EndReason.NO_OFFER,
+        EndReason.ICE_TIMEOUT,
+        EndReason.BAD_OFFER,
+        EndReason.GENERATION_FAILED,
+        EndReason.PROTOCOL_ABUSE,
+    }
 )
 
 

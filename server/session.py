@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 import threading
 import time
@@ -37,6 +38,7 @@ from server.codecs import prefer_codecs
 from server.dispatch import DispatchConfig, DispatchController, DispatchPolicy, StartLater, StartNow
 from server.errors import AlreadyConnected, BadRequest, SessionClosed
 from server.metrics import Metrics
+from server.offer import OfferError, validate_offer
 from server.pacer import Pacer
 from server.protocol import (
     ChunkMsg,
@@ -53,6 +55,7 @@ from server.protocol import (
     StopMsg,
     parse_client_message,
 )
+from server.rate_limit import TokenBucket
 from server.settings import Settings
 from server.video_track import PacedVideoTrack
 from workers.chunk_geometry import chunk_num_frames
@@ -61,6 +64,7 @@ from workers.models.presets import ModelPreset
 from workers.runtime.engine import PipelineEngine
 from workers.runtime.records import ChunkOutput
 from workers.runtime.scheduler import Hold
+from workers.runtime.supervisor import EngineError
 
 log = logging.getLogger("worldrtc.session")
 
@@ -68,6 +72,9 @@ PENDING_CONTROLS = 512  # control arrival times kept for control-to-frame latenc
 LATENCY_SAMPLES = 64  # recent control-to-frame samples behind the stats' p50
 PEER_POLL_S = 0.5  # how often the viewer's RTCP reports are looked at: a vanished peer is noticed within
 # peer_timeout_s + this
+RATE_NOTICE_S = 1.0  # at most one `rate_limited` error a second: a flood must not be answered in kind
+BEHIND_CHUNKS = 8  # the recent chunks whose median period decides whether generation is behind
+BEHIND_RATIO = 1.1  # behind: that median period is over this × a chunk's media duration
 
 
 class SessionState(StrEnum):
@@ -102,7 +109,9 @@ class ServerSession:
         self.token = secrets.token_urlsafe(24)
         self.engine, self.preset, self.settings, self.metrics = engine, preset, settings, metrics
         self.image, self.prompt, self.seed, self.scene = image, prompt, seed, scene
-        self.max_duration_s = max_duration_s or settings.max_session_s
+        # The client may ask for less time than the server allows, never more.
+        limits = [t for t in (max_duration_s, settings.session_limit_s) if t]
+        self.max_duration_s = min(limits) if limits else None
         self.fps = fps or settings.fps or preset.fps
         self.chunk_latent_frames = chunk_latent_frames or preset.chunk_latent_frames
         self.state = SessionState.CREATED
@@ -132,8 +141,11 @@ class ServerSession:
         self._watch_only = False
         self.video_sender: RTCRtpSender | None = None
         self.ended: EndReason | None = None
-        self._tokens = settings.control_rate_per_s  # token bucket for client messages
-        self._tokens_t = time.monotonic()
+        rate = settings.control_rate_per_s
+        self._bucket = TokenBucket.full(rate, burst=rate, now=time.monotonic())  # client messages
+        self._rate_notice_t = -math.inf
+        self._invalid_t: deque[float] = deque()  # arrival times of invalid messages within abuse_window_s
+        self.controls = {"accepted": 0, "rate_limited": 0, "invalid": 0}
         self._last_chunk_t: float | None = None
         self._periods: deque[float] = deque(maxlen=64)
         self.chunks = 0
@@ -169,30 +181,56 @@ class ServerSession:
                 "frames_sent": self.pacer.sent,
                 "frames_dropped": self.pacer.dropped,
                 "frames_repeated": self.pacer.repeated,
+                "behind": self.behind,
+                "controls": dict(self.controls),
             },
         }
+
+    @property
+    def behind(self) -> bool:
+        """Generation is slower than playback (over the last BEHIND_CHUNKS chunks)."""
+        recent = sorted(list(self._periods)[-BEHIND_CHUNKS:])
+        if len(recent) < BEHIND_CHUNKS // 2:
+            return False
+        return recent[len(recent) // 2] > BEHIND_RATIO * self.dispatch.config.chunk_media_s
 
     async def accept_offer(self, sdp: str) -> str:
         if self.state in (SessionState.CONNECTING, SessionState.STREAMING):
             raise AlreadyConnected(f"session {self.id} already has a connection; create a new session to connect again")
         if self.state is not SessionState.CREATED:
             raise SessionClosed(f"session {self.id} is {self.state.value}; create a new session")
+        try:
+            validate_offer(sdp)
+        except OfferError as exc:
+            await self.close(EndReason.BAD_OFFER, f"bad offer: {exc}")
+            raise BadRequest(str(exc)) from None
         # A viewer that opens no control channel only watches: it streams once ICE connects.
         self._watch_only = "m=application" not in sdp
         config = RTCConfiguration(iceServers=[RTCIceServer(**s) for s in self.settings.ice_servers])  # type: ignore[arg-type]
         self.pc = pc = RTCPeerConnection(configuration=config)
+        self.metrics.peer_connections.inc()
         self.state = SessionState.CONNECTING
         pc.on("datachannel", self._on_datachannel)
         pc.on("connectionstatechange", self._on_connection_state)
         try:
-            await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
-        except Exception as exc:  # aiortc raises ValueError and friends for malformed SDP
+            await self._answer(pc, sdp)
+        except Exception as exc:  # aiortc raises ValueError, AssertionError, … for offers it cannot use
+            log.info("offer refused: %s: %s", type(exc).__name__, exc, extra={"session_id": self.id})
             await self.close(EndReason.BAD_OFFER, f"bad offer: {exc}")
-            raise BadRequest(f"could not parse the SDP offer: {exc}") from None
-        video = [t for t in pc.getTransceivers() if t.kind == "video"]
+            raise BadRequest(f"the SDP offer cannot be used: {exc}") from None
+        self._spawn(self._fail_if_not_connected(), "ice-timeout")
+        return pc.localDescription.sdp
+
+    async def _answer(self, pc: RTCPeerConnection, sdp: str) -> None:
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        transceivers = pc.getTransceivers()
+        if any(t.receiver.transport is None for t in transceivers) or (
+            pc.sctp is not None and pc.sctp.transport is None
+        ):
+            raise OfferError("a media section of the offer got no transport (check its BUNDLE group)")
+        video = [t for t in transceivers if t.kind == "video"]
         if not video:
-            await self.close(EndReason.BAD_OFFER, "offer without video")
-            raise BadRequest("the offer must include a video transceiver (recvonly)")
+            raise OfferError("the offer must include a video section (recvonly)")
         self.video_sender = video[0].sender
         self.track = PacedVideoTrack(self.pacer)
         video[0].sender.replaceTrack(self.track)
@@ -200,8 +238,6 @@ class ServerSession:
         prefer_codecs(video[0])
         # aiortc gathers all candidates inside setLocalDescription: the answer is complete (no trickle).
         await pc.setLocalDescription(await pc.createAnswer())
-        self._spawn(self._fail_if_not_connected(), "ice-timeout")
-        return pc.localDescription.sdp
 
     async def close(self, code: EndReason, reason: str) -> None:
         """Idempotent; tears down in reverse order of setup. `code` says why, `reason` in words."""
@@ -225,7 +261,12 @@ class ServerSession:
                 task.cancel()
         await asyncio.gather(*(t for t in self._tasks if t is not current), return_exceptions=True)
         if self.pc is not None:
-            await self.pc.close()
+            try:
+                await self.pc.close()
+            except Exception as exc:  # aiortc can trip over a half-built connection; the session still ends
+                log.warning("closing the peer connection failed: %s: %s", type(exc).__name__, exc)
+            finally:
+                self.metrics.peer_connections.dec()
         self.state = SessionState.FAILED if failed else SessionState.CLOSED
         log.info(
             "session %s %s: %s",
@@ -294,15 +335,19 @@ class ServerSession:
         )
         self._open_t = time.monotonic()
         self._open_perf_t = time.perf_counter()  # the engine's clock: chunk stage times count from here
-        self.engine_session = self.engine.open_session(
-            self.image,
-            self.prompt,
-            self.seed,
-            self._sample_control,
-            self._chunk_from_engine,
-            self._end_from_engine,
-            chunk_latent_frames=self.chunk_latent_frames,
-        )
+        try:
+            self.engine_session = self.engine.open_session(
+                self.image,
+                self.prompt,
+                self.seed,
+                self._sample_control,
+                self._chunk_from_engine,
+                self._end_from_engine,
+                chunk_latent_frames=self.chunk_latent_frames,
+            )
+        except (EngineError, ValueError) as exc:
+            self._spawn(self.close(EndReason.GENERATION_FAILED, f"could not start generating: {exc}"), "close")
+            return
         self._spawn(self._watch_peer(), "peer")
         if self.settings.idle_timeout_s:
             self._spawn(self._expire_when_idle(self.settings.idle_timeout_s), "idle")
@@ -311,20 +356,25 @@ class ServerSession:
             self._spawn(self._expire(self.max_duration_s), "max-duration")
 
     def _on_message(self, data: str | bytes) -> None:
-        now = time.monotonic()
-        self._tokens = min(
-            self.settings.control_rate_per_s, self._tokens + (now - self._tokens_t) * self.settings.control_rate_per_s
-        )
-        self._tokens_t = now
-        if self._tokens < 1:
-            self._send_error("rate_limited", f"more than {self.settings.control_rate_per_s:g} messages/s; slow down")
+        if self.state not in ACTIVE:
             return
-        self._tokens -= 1
+        now = time.monotonic()
+        if not self._bucket.take(now):
+            self._count("rate_limited")
+            if now - self._rate_notice_t >= RATE_NOTICE_S:
+                self._rate_notice_t = now
+                self._send_error(
+                    "rate_limited", f"more than {self.settings.control_rate_per_s:g} messages/s; slow down"
+                )
+            return
         try:
             msg = parse_client_message(data)
         except ProtocolError as exc:
+            self._count("invalid")
             self._send_error(exc.code, str(exc))
+            self._note_invalid(now)
             return
+        self._count("accepted")
         if isinstance(msg, PingMsg):
             self._send(PongMsg(seq=msg.seq, t=msg.t, server_t=time.time() * 1000))
         elif isinstance(msg, StopMsg):
@@ -443,6 +493,20 @@ class ServerSession:
         if error is not None and self.state in ACTIVE:
             self._spawn(self.close(EndReason.GENERATION_FAILED, f"generation failed: {error}"), "close")
 
+    def _count(self, result: str) -> None:
+        self.controls[result] += 1
+        self.metrics.control_messages.labels(result).inc()
+
+    def _note_invalid(self, now: float) -> None:
+        """Invalid messages are answered one by one; too many in the window close the session."""
+        window = self._invalid_t
+        window.append(now)
+        while window and window[0] < now - self.settings.abuse_window_s:
+            window.popleft()
+        if len(window) >= self.settings.abuse_limit:
+            why = f"{len(window)} invalid messages in {self.settings.abuse_window_s:g} s"
+            self._spawn(self.close(EndReason.PROTOCOL_ABUSE, why), "close")
+
     # ---- timers ----
 
     async def _expire_if_no_offer(self) -> None:
@@ -519,6 +583,9 @@ class ServerSession:
                     start_to_pacer_quantile_s=d.latency_s,
                     start_to_pacer_p50_s=d.measured_latency_p50_s,
                     dispatch_lateness_s=d.lateness_s,
+                    behind=self.behind,
+                    controls_accepted=self.controls["accepted"],
+                    controls_refused=self.controls["rate_limited"] + self.controls["invalid"],
                 )
             )
 

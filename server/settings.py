@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import ipaddress
+from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from server.dispatch import DispatchPolicy
 from workers.models.presets import DEFAULT_PRESET
+
+# Off loopback a session ends after 10 minutes unless the operator says otherwise: long enough to
+# walk through a world (a 14B chunk is 0.75 s, so 800 chunks), short enough that a queue of visitors
+# for a 2-slot GPU node waits minutes, not hours. TeleFuser's public demos use 120 s; these worlds are
+# explored, not glimpsed.
+DEFAULT_MAX_SESSION_S = 600.0
 
 
 class Settings(BaseSettings):
@@ -42,11 +49,24 @@ class Settings(BaseSettings):
     idle_timeout_s: float | None = Field(default=300.0, gt=0)  # no control message for this long ends a session
     disconnected_grace_s: float = 3.0
     rest_body_max_bytes: int = 64 * 1024
-    image_max_bytes: int = 10 * 1024 * 1024
+    # A start image is fitted to the model's resolution (832×480 at most): 4 MiB holds any sensible
+    # photo, and the browser client scales larger ones down before it sends them.
+    image_max_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024)
+    image_max_pixels: int = Field(default=4096 * 4096, ge=1)  # read from the header, before decoding
     sdp_max_bytes: int = 32 * 1024
-    control_rate_per_s: float = 120.0
-    max_session_s: float | None = None
-    drain_timeout_s: float = 30.0
+    control_rate_per_s: float = Field(default=120.0, gt=0)
+    # Invalid data-channel messages a session may send in `abuse_window_s` before it is closed
+    # (`protocol_abuse`); a client that follows the published contract sends none.
+    abuse_limit: int = Field(default=50, ge=1)
+    abuse_window_s: float = Field(default=10.0, gt=0)
+    # Session creation (REST and WHEP) per client address: `create_burst` at once, then
+    # `create_rate_per_min`. A browser that reloads now and then never meets it.
+    create_rate_per_min: float = Field(default=30.0, gt=0)
+    create_burst: int = Field(default=10, ge=1)
+    # The longest a session may run. Unset: none on loopback (a developer's own machine), and
+    # DEFAULT_MAX_SESSION_S off loopback, where a slot is a shared GPU. 0: no limit.
+    max_session_s: float | None = Field(default=None, ge=0)
+    drain_timeout_s: float = Field(default=30.0, ge=0)
     stats_interval_s: float = 1.0
     closed_session_keep_s: float = 60.0  # a closed session stays visible to GET this long
 
@@ -60,6 +80,19 @@ class Settings(BaseSettings):
             raise ValueError("udp_port_max must be >= udp_port_min")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _session_limit(cls, data: Any) -> Any:
+        unset = isinstance(data, dict) and data.get("max_session_s") is None
+        if unset and not is_loopback_host(str(data.get("host", "127.0.0.1"))):
+            data = {**data, "max_session_s": DEFAULT_MAX_SESSION_S}
+        return data
+
+    @property
+    def session_limit_s(self) -> float | None:
+        """The longest a session may run (None: no limit)."""
+        return self.max_session_s or None
+
     @model_validator(mode="after")
     def _token_off_loopback(self) -> Settings:
         if not self.is_loopback and not self.api_token:
@@ -71,9 +104,13 @@ class Settings(BaseSettings):
 
     @property
     def is_loopback(self) -> bool:
-        if self.host == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(self.host).is_loopback
-        except ValueError:
-            return False
+        return is_loopback_host(self.host)
+
+
+def is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

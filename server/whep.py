@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from server.errors import BadRequest, MethodNotAllowed, NotFound, UnsupportedMediaType
 from server.protocol import CreateSessionRequest, EndReason
+from server.rate_limit import client_address
 
 SDP = "application/sdp"
 QUERY_FIELDS = ("scene", "seed", "prompt", "dispatch")
@@ -48,14 +49,17 @@ def whep_router(check_token: Any) -> APIRouter:
         state = request.app.state.worldrtc
         if request.headers.get("content-type", "").split(";")[0].strip() != SDP:
             raise UnsupportedMediaType(f"a WHEP offer is an SDP document: send Content-Type: {SDP}")
-        sdp = (await request.body()).decode("utf-8", errors="replace")
+        try:
+            sdp = (await request.body()).decode("utf-8")
+        except UnicodeDecodeError:
+            raise BadRequest("the SDP offer is not UTF-8 text") from None
         query = {k: v for k, v in request.query_params.items() if k in QUERY_FIELDS}
         try:
             body = CreateSessionRequest.model_validate(query)
         except ValidationError as exc:
             first = exc.errors()[0]
             raise BadRequest(f"query parameter {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
-        session = await state.new_session(body)
+        session = await state.new_session(body, client_address(request))
         answer = await state.answer(session, sdp)
         headers = {"Location": f"/v1/whep/{session.id}"}
         response = Response(answer, status_code=201, media_type=SDP, headers=headers)

@@ -29,6 +29,7 @@ KEY_ALIASES = {"arrowup": "w", "arrowdown": "s", "arrowleft": "a", "arrowright":
 MAX_LOOK_PX = 10_000.0  # per message; larger deltas are a client bug, not a fast flick
 MAX_KEYS = 32  # keys in one control_state
 MAX_KEY_NAME = 32  # characters in a key name
+MAX_SEQ = 2**53 - 1  # the largest integer a JavaScript number holds exactly
 
 
 def canonical_key(name: str) -> str | None:
@@ -62,14 +63,17 @@ class ControlError(ValueError):
 # ---- typed control messages ----
 
 
-class _Message(BaseModel):
-    # Strict: "5" is not a number and 9.0 is not a seq; unknown fields are ignored.
+class ClientMessageBase(BaseModel):
+    """Every client → server data-channel message: its optional `seq` and `t`."""
+
+    # Strict: "5" is not a number and 9.0 is not a seq; unknown fields are ignored. seq and t come
+    # back to the client (pong, applied_seq), so they stay numbers a JavaScript client can read.
     model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
-    seq: int | None = None
-    t: float | None = None  # the client's clock, ms
+    seq: Annotated[int, Field(ge=0, le=MAX_SEQ)] | None = None
+    t: Annotated[float, Field(allow_inf_nan=False)] | None = None  # the client's clock, ms
 
 
-class ControlMsg(_Message):
+class ControlMsg(ClientMessageBase):
     type: Literal["control"]
     key: Annotated[str, Field(max_length=MAX_KEY_NAME)]
     action: Literal["press", "release"]
@@ -85,7 +89,7 @@ class ControlMsg(_Message):
         return raw
 
 
-class ControlStateMsg(_Message):
+class ControlStateMsg(ClientMessageBase):
     type: Literal["control_state"]
     controls: Annotated[list[Annotated[str, Field(max_length=MAX_KEY_NAME)]], Field(max_length=MAX_KEYS)]
 
@@ -93,13 +97,13 @@ class ControlStateMsg(_Message):
 LookDelta = Annotated[float, Field(allow_inf_nan=False, ge=-MAX_LOOK_PX, le=MAX_LOOK_PX)]
 
 
-class LookMsg(_Message):
+class LookMsg(ClientMessageBase):
     type: Literal["look"]
     dx: LookDelta = 0.0
     dy: LookDelta = 0.0
 
 
-class ResetPoseMsg(_Message):
+class ResetPoseMsg(ClientMessageBase):
     type: Literal["reset_pose"]
 
 

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-MAX_IMAGE_PIXELS = 64_000_000  # refuse decompression bombs early
+MAX_IMAGE_PIXELS = 64_000_000  # the default cap on width × height, checked before decoding
 
 
 class ImageError(ValueError):
     """An image that cannot be read or used."""
 
 
-def read_image(source: str | Path | bytes | np.ndarray) -> np.ndarray:
-    """Any supported source -> HxWx3 uint8 RGB."""
+def read_image(source: str | Path | bytes | np.ndarray, max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
+    """Any supported source -> HxWx3 uint8 RGB. An encoded image larger than `max_pixels` is
+    refused from its header, before any pixel is decoded (a small file can claim a huge size)."""
     if isinstance(source, np.ndarray):
         arr = source
         if arr.ndim == 2:
@@ -26,18 +28,20 @@ def read_image(source: str | Path | bytes | np.ndarray) -> np.ndarray:
         if arr.dtype != np.uint8:
             raise ImageError(f"image array must be uint8, got {arr.dtype}")
         return np.ascontiguousarray(arr[..., :3])
-    Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
+    too_big = f"at most {max_pixels:,} pixels are accepted"
     try:
-        if isinstance(source, bytes):
-            import io
-
-            img = Image.open(io.BytesIO(source))
-        else:
-            img = Image.open(source)
+        img = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)  # reads the header only
+        width, height = img.size
+        if width * height > max_pixels:
+            raise ImageError(f"image is {width}×{height} pixels; {too_big}")
         img.load()
     except FileNotFoundError:
         raise ImageError(f"image file not found: {source!s}") from None
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
+    except Image.DecompressionBombError:  # Pillow's own cap, met in `open` by far larger images
+        raise ImageError(f"image claims more pixels than Pillow will open; {too_big}") from None
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        if isinstance(exc, ImageError):
+            raise
         raise ImageError(f"unreadable image: {exc}") from None
     return np.asarray(img.convert("RGB"))
 

@@ -129,9 +129,7 @@ def read_pth(path: Path, device: torch.device | str = "cpu") -> dict[str, torch.
     if not path.is_file():
         raise FileNotFoundError(f"missing checkpoint file {path}")
     if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(path), device=str(device))
+        return _load_safetensors(path, device)
     # mmap: tensors are paged in as they are copied, never held twice.
     state = torch.load(path, map_location=device, mmap=True, weights_only=True)
     if not isinstance(state, dict):
@@ -146,12 +144,22 @@ def component_file(checkpoint_dir: Path, pth_name: str, safetensors_name: str) -
 
 
 def read_dit_state(checkpoint_dir: Path, device: torch.device | str) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
     state: dict[str, torch.Tensor] = {}
     for shard in dit_shards(checkpoint_dir):
-        state.update(load_file(str(shard), device=str(device)))
+        state.update(_load_safetensors(shard, device))
     return state
+
+
+def _load_safetensors(path: Path, device: torch.device | str) -> dict[str, torch.Tensor]:
+    """The file's tensors; a truncated or corrupt file is named in the error (the library's own
+    message does not say which file)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path), device=str(device))
+    except SafetensorError as exc:
+        raise CheckpointError(f"cannot read {path}: {exc}") from exc
 
 
 # ---- loading ----
