@@ -65,15 +65,24 @@ class ServerProcess:
         return self.proc.returncode
 
 
-@contextmanager
-def local_server(args: list[str], log: Path, ready_timeout_s: float = READY_TIMEOUT_S) -> Iterator[ServerProcess]:
+def start_server(
+    args: list[str],
+    log: Path,
+    ready_timeout_s: float = READY_TIMEOUT_S,
+    env: dict[str, str] | None = None,
+    host: str | None = "127.0.0.1",
+) -> ServerProcess:
+    """Start a server and wait until it is warm; the caller stops it. `env`: extra environment, e.g.
+    WORLDRTC_* settings that have no flag. `host` None: the server's default bind."""
     port = free_port()
-    cmd = [sys.executable, "-m", "server", "--host", "127.0.0.1", "--port", str(port), *args]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "server", *(("--host", host) if host else ()), "--port", str(port), *args]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     log.parent.mkdir(parents=True, exist_ok=True)
     repo = Path(__file__).resolve().parents[1]
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, cwd=repo, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=repo, stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
+        )
     server = ServerProcess(f"http://127.0.0.1:{port}", proc, log)
     try:
         deadline = time.monotonic() + ready_timeout_s
@@ -81,6 +90,22 @@ def local_server(args: list[str], log: Path, ready_timeout_s: float = READY_TIME
             if time.monotonic() > deadline:
                 raise RuntimeError(f"server not ready within {ready_timeout_s:g} s:\n{log_tail(log)}")
             time.sleep(0.2)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+@contextmanager
+def local_server(
+    args: list[str],
+    log: Path,
+    ready_timeout_s: float = READY_TIMEOUT_S,
+    env: dict[str, str] | None = None,
+    host: str | None = "127.0.0.1",
+) -> Iterator[ServerProcess]:
+    server = start_server(args, log, ready_timeout_s, env, host)
+    try:
         yield server
     finally:
         server.stop()

@@ -29,6 +29,7 @@
   let keyMap = {};
   let maxLookPx = 0;
   let maxImageBytes = 0;
+  let modelSize = { width: 0, height: 0 };
 
   function adoptContract(info) {
     const c = info.controls;
@@ -37,6 +38,7 @@
     Object.assign(keyMap, c.key_aliases); // e.g. arrowup → w
     maxLookPx = c.max_look_px;
     maxImageBytes = info.limits.image_max_bytes;
+    modelSize = { width: info.width, height: info.height };
   }
 
   const $ = (id) => document.getElementById(id);
@@ -283,33 +285,57 @@
     }
   }
 
-  function readImage(file) {
+  // The server crops and resizes a start image to the model's resolution, so pixels beyond twice
+  // that only cost upload time (and meet the size limit sooner): big images are scaled down here.
+  async function startImageDataUrl(file) {
+    const bitmap = await createImageBitmap(file);
+    const scale = Math.min(1, Math.max((2 * modelSize.width) / bitmap.width, (2 * modelSize.height) / bitmap.height));
+    if (scale === 1 && file.size <= maxImageBytes) {
+      bitmap.close();
+      return await new Promise((resolve, reject) => {
+        const reader = new FileReader();
+        reader.onerror = () => reject(reader.error);
+        reader.onload = () => resolve(String(reader.result));
+        reader.readAsDataURL(file);
+      });
+    }
+    const canvas = document.createElement("canvas");
+    canvas.width = Math.max(1, Math.round(bitmap.width * scale));
+    canvas.height = Math.max(1, Math.round(bitmap.height * scale));
+    canvas.getContext("2d").drawImage(bitmap, 0, 0, canvas.width, canvas.height);
+    bitmap.close();
+    return canvas.toDataURL("image/jpeg", 0.92);
+  }
+
+  async function readImage(file) {
     if (!file) return;
     if (!/^image\/(png|jpeg)$/.test(file.type)) {
       showMessage(`"${file.name}" is not a PNG or JPEG image.`, true);
       return;
     }
-    if (file.size > maxImageBytes) {
-      const mib = (n) => (n / 1048576).toFixed(1);
-      showMessage(`"${file.name}" is ${mib(file.size)} MiB; the limit is ${mib(maxImageBytes)} MiB.`, true);
+    let dataUrl;
+    try {
+      dataUrl = await startImageDataUrl(file);
+    } catch (err) {
+      showMessage(`Could not read "${file.name}": ${err}`, true);
       return;
     }
-    const reader = new FileReader();
-    reader.onerror = () => showMessage(`Could not read "${file.name}".`, true);
-    reader.onload = () => {
-      const dataUrl = String(reader.result);
-      let item = el.scenes.querySelector(".scene[data-kind='image']");
-      if (item) item.remove();
-      item = sceneItem("image", "__upload__", dataUrl, file.name);
-      item.dataset.dataUrl = dataUrl;
-      el.scenes.prepend(item);
-      const input = item.querySelector("input");
-      input.checked = true;
-      choice = { image: dataUrl, name: file.name };
-      showMessage(`Using "${file.name}" as the start image.`, false);
-      updateControls();
-    };
-    reader.readAsDataURL(file);
+    const bytes = Math.floor((dataUrl.length - dataUrl.indexOf(",") - 1) * 0.75);
+    if (bytes > maxImageBytes) {
+      const mib = (n) => (n / 1048576).toFixed(1);
+      showMessage(`"${file.name}" is ${mib(bytes)} MiB even scaled down; the limit is ${mib(maxImageBytes)} MiB.`, true);
+      return;
+    }
+    let item = el.scenes.querySelector(".scene[data-kind='image']");
+    if (item) item.remove();
+    item = sceneItem("image", "__upload__", dataUrl, file.name);
+    item.dataset.dataUrl = dataUrl;
+    el.scenes.prepend(item);
+    const input = item.querySelector("input");
+    input.checked = true;
+    choice = { image: dataUrl, name: file.name };
+    showMessage(`Using "${file.name}" as the start image.`, false);
+    updateControls();
   }
 
   function createBody() {

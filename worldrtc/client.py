@@ -179,13 +179,16 @@ class Session:
         """End the session (DELETE) and the connection; returns the server's final record, if any."""
         final = None
         if self.info is not None:
-            if "resource" in self.info:
-                r = await self.http.delete(self.info["resource"])
-            else:
-                token = {"authorization": f"Bearer {self.info['token']}"}
-                r = await self.http.delete(f"/v1/sessions/{self.info['session_id']}", headers=token)
-            if r.status_code == 200 and r.headers.get("content-type", "").startswith("application/json"):
-                final = r.json()
+            try:
+                if "resource" in self.info:
+                    r = await self.http.delete(self.info["resource"])
+                else:
+                    token = {"authorization": f"Bearer {self.info['token']}"}
+                    r = await self.http.delete(f"/v1/sessions/{self.info['session_id']}", headers=token)
+                if r.status_code == 200 and r.headers.get("content-type", "").startswith("application/json"):
+                    final = r.json()
+            except httpx.TransportError:
+                pass  # the server is gone: there is nothing to end there
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -285,9 +288,9 @@ class Session:
 
     def _on_message(self, data: str | bytes) -> None:
         msg = json.loads(data)
+        msg["received_t"] = time.perf_counter()
         kind = msg.get("type")
         if kind == "chunk":
-            msg["received_t"] = time.perf_counter()
             self.run.chunks.append(msg)
         elif kind == "ready":
             self.run.ready = msg
