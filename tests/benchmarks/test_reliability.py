@@ -1,0 +1,52 @@
+"""The reliability suite's rows (benchmarks/reliability), one test each, at the short size: the same
+real servers, worker processes and aiortc peers as `python -m benchmarks.reliability`, with fewer
+messages, cycles and seconds. The full-size fuzz and soak run on purpose: `pytest -m slow`.
+
+A failing row prints its checks (each figure and its bound) and where the servers' logs are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from benchmarks.reliability import cases  # noqa: F401  (registers the rows)
+from benchmarks.reliability.harness import CASES, Lab, Size, run_case
+
+pytestmark = pytest.mark.processes
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    lab = Lab(Size.SHORT, tmp_path_factory.mktemp("reliability-logs"))
+    try:
+        yield lab
+    finally:
+        lab.close()
+
+
+def _check(number: int, lab: Lab) -> None:
+    result = run_case(CASES[number], lab)
+    assert result.checks or result.error, "a row must check something"
+    assert result.passed, f"{result.report()}\nserver logs: {lab.log_dir}"
+
+
+def test_every_row_of_the_table_has_a_case() -> None:
+    assert sorted(CASES) == list(range(1, 23))
+
+
+@pytest.mark.parametrize("number", range(1, 23))
+def test_row(number: int, lab: Lab) -> None:
+    _check(number, lab)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("number", [4, 5, 21])
+def test_row_at_full_size(number: int, tmp_path: Path) -> None:
+    lab = Lab(Size.FULL, tmp_path)
+    try:
+        _check(number, lab)
+    finally:
+        lab.close()
