@@ -132,9 +132,7 @@ class AppState:
     def check_token(self, request: Request) -> None:
         """FastAPI dependency: the API token, when the server has one."""
         token = self.settings.api_token
-        if token is not None and not secrets.compare_digest(
-            request.headers.get("authorization", ""), f"Bearer {token}"
-        ):
+        if token is not None and not bearer_is(request, token):
             raise Unauthorized("missing or wrong API token: send 'Authorization: Bearer <token>'")
 
     def session_for(self, session_id: str, request: Request) -> ServerSession:

@@ -75,6 +75,7 @@ PEER_POLL_S = 0.5  # how often the viewer's RTCP reports are looked at: a vanish
 RATE_NOTICE_S = 1.0  # at most one `rate_limited` error a second: a flood must not be answered in kind
 BEHIND_CHUNKS = 8  # the recent chunks whose median period decides whether generation is behind
 BEHIND_RATIO = 1.1  # behind: that median period is over this × a chunk's media duration
+BEHIND_MIN_CHUNKS = 3  # periods needed before it is said: one slow chunk (a first compile, a hiccup) is not behind
 
 
 class SessionState(StrEnum):
@@ -190,7 +191,7 @@ class ServerSession:
     def behind(self) -> bool:
         """Generation is slower than playback (over the last BEHIND_CHUNKS chunks)."""
         recent = sorted(list(self._periods)[-BEHIND_CHUNKS:])
-        if len(recent) < BEHIND_CHUNKS // 2:
+        if len(recent) < BEHIND_MIN_CHUNKS:
             return False
         return recent[len(recent) // 2] > BEHIND_RATIO * self.dispatch.config.chunk_media_s
 
@@ -267,6 +268,10 @@ class ServerSession:
                 log.warning("closing the peer connection failed: %s: %s", type(exc).__name__, exc)
             finally:
                 self.metrics.peer_connections.dec()
+        self.pacer.close()
+        # A closed session stays listed for closed_session_keep_s with its figures, not its media:
+        # the connection, its encoder and the track go now.
+        self.pc, self.track, self.video_sender, self.channel = None, None, None, None
         self.state = SessionState.FAILED if failed else SessionState.CLOSED
         log.info(
             "session %s %s: %s",
@@ -283,7 +288,8 @@ class ServerSession:
     # ---- peer connection and data channel ----
 
     def _on_connection_state(self) -> None:
-        assert self.pc is not None
+        if self.pc is None:
+            return  # closed: the session has let go of it
         state = self.pc.connectionState
         if state == "connected" and self._watch_only:
             self._start_streaming()

@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def table(results: list[CaseResult]) -> str:
     rows = ["| # | case | injected | must hold | figures | result |", "|---|---|---|---|---|---|"]
     for r in results:
-        figures = "; ".join(f"{c.what}: {c.line().split(': ', 1)[1].split(' (must')[0]}" for c in r.checks)
+        figures = "; ".join(f"{c.what}: {c.figure}" for c in r.checks)
         if r.error:
             figures += f"; error: {r.error}"
         verdict = "pass" if r.passed else "**FAIL**"

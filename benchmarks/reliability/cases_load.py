@@ -34,6 +34,7 @@ from benchmarks.reliability.harness import (
     wait_for,
 )
 from benchmarks.stats import summarize
+from server.session import BEHIND_MIN_CHUNKS
 from workers.chunk_geometry import chunk_num_frames
 from worldrtc import Session
 
@@ -103,12 +104,15 @@ def control_flood(lab: Lab, r: CaseResult) -> None:
 @case(
     7,
     "slow stage",
-    "the DiT takes 3 s for 1 s of video (3 × slower than real time), 30 s",
+    "the DiT takes 3 s for 1 s of video (3 × slower than real time), 45 s (short: 30 s)",
     "queues bounded; latency bounded; RSS flat; the session reports it is behind",
 )
 def slow_stage(lab: Lab, r: CaseResult) -> None:
-    duration_s = lab.pick(12.0, 30.0)
+    duration_s = lab.pick(30.0, 45.0)
     stage_ms = (20, 3000, 100)
+    # The server's RSS grows over a session's first chunks (encoder, buffers, allocator pools) and
+    # is flat from about the fifth: the slope is taken after that.
+    warmup_s = 5 * stage_ms[1] / 1000
     args = ("--model", "synthetic", "--stage-ms", ",".join(map(str, stage_ms)), "--synthetic-geometry", "gridworld")
     with lab.own_server(ServerConfig(args)) as server:
 
@@ -117,28 +121,41 @@ def slow_stage(lab: Lab, r: CaseResult) -> None:
             t0 = time.perf_counter()
             rss: list[tuple[float, int]] = []
             outstanding: list[int] = []
-            rng = random.Random(7)
-            while time.perf_counter() - t0 < duration_s:
-                s.hold(rng.choice(KEYS))
-                await asyncio.sleep(0.5)
-                rss.append((time.perf_counter() - t0, server.ps.memory_info().rss))
-                outstanding.append(int(server.engine()["outstanding_slots"]))
+
+            async def steer() -> None:
+                rng = random.Random(7)
+                while time.perf_counter() - t0 < duration_s:
+                    s.hold(rng.choice(KEYS))
+                    rss.append((time.perf_counter() - t0, server.ps.memory_info().rss))
+                    await asyncio.sleep(0.5)
+
+            async def watch_slots() -> None:
+                # /v1/engine asks the workers, so it answers when the slow stage finishes its command.
+                while time.perf_counter() - t0 < duration_s:
+                    engine = await asyncio.to_thread(server.engine)
+                    outstanding.append(int(engine["outstanding_slots"]))
+
+            await asyncio.gather(steer(), watch_slots())
             info = await s.server_info()
             g2g = s.glass_to_glass_s()
-            stats = list(s.run.stats)
+            stats = [m | {"t": m["received_t"] - t0} for m in s.run.stats]
             await s.close()
             return {"rss": rss, "outstanding": outstanding, "info": info, "g2g": g2g, "stats": stats}
 
         f = asyncio.run(run())
     stats = f["stats"]
-    later = stats[len(stats) // 2 :]
+    # The session says it is behind once BEHIND_MIN_CHUNKS chunk periods show it (server/session.py).
+    behind_from_s = (BEHIND_MIN_CHUNKS + 1) * stage_ms[1] / 1000 + 1
+    later = [m for m in stats if m["t"] >= behind_from_s]
+    all_behind = bool(later) and all(m["behind"] for m in later)
     g2g = f["g2g"]
-    half = len(g2g) // 2
+    # A control waits at most one chunk period (3 s here) for the next chunk to start, then one pass
+    # through the stages: latency stays under that however long the session runs.
     pipeline_s = sum(stage_ms) / 1000
-    early, late = percentile(g2g[:half], 50), percentile(g2g[half:], 50)
+    g2g_bound_s = stage_ms[1] / 1000 + pipeline_s + 1.0
     rss_t = np.array([t for t, _ in f["rss"]])
     rss_mb = np.array([b for _, b in f["rss"]]) / 1e6
-    keep = rss_t > duration_s / 3  # after the first chunks have set up their buffers
+    keep = rss_t >= warmup_s
     slope = float(np.polyfit(rss_t[keep], rss_mb[keep], 1)[0]) if keep.sum() > 2 else None
     r.figures = {
         "stage_ms": stage_ms,
@@ -147,21 +164,19 @@ def slow_stage(lab: Lab, r: CaseResult) -> None:
         "max_chunks_in_flight": max((s["chunks_in_flight"] for s in stats), default=None),
         "max_buffered_ms": max((s["buffered_ms"] for s in stats), default=None),
         "max_outstanding_slots": max(f["outstanding"]),
-        "glass_to_glass_s": {"first_half": summarize(g2g[:half]), "second_half": summarize(g2g[half:])},
+        "glass_to_glass_s": summarize(g2g),
+        "rss_mb": [(round(t, 1), round(b / 1e6, 2)) for t, b in f["rss"]],
         "rss_slope_mb_per_s": slope,
-        "behind_reported": [s["behind"] for s in stats],
+        "behind_reported": [(round(m["t"], 1), m["behind"]) for m in stats],
     }
     r.checks = [
         at_most("chunks in flight (max over the run)", r.figures["max_chunks_in_flight"], 2),
         at_most("video buffered (max)", r.figures["max_buffered_ms"], 2 * 1000 * chunk_num_frames(1, 4) / FPS, " ms"),
         at_most("engine slots outstanding (max)", r.figures["max_outstanding_slots"], 8),
-        at_most("glass-to-glass p95, second half", percentile(g2g[half:], 95), 2 * pipeline_s + 1, " s"),
-        holds(
-            "latency does not grow (second-half p50 ≤ first-half p50 + 0.5 s)",
-            early is not None and late is not None and late <= early + 0.5,
-        ),
-        below("RSS slope", slope, 0.1, " MB/s"),
-        holds("stats say behind (every report in the second half)", bool(later) and all(s["behind"] for s in later)),
+        at_least("controls answered by a frame", len(g2g), 3),
+        at_most("glass-to-glass (max over the run)", max(g2g, default=None), g2g_bound_s, " s"),
+        below(f"RSS slope after {warmup_s:g} s", slope, 0.05, " MB/s"),
+        holds(f"stats say behind (each report after {behind_from_s:g} s)", all_behind),
         holds("the session's record says behind", bool(f["info"]["metrics"]["behind"])),
     ]
 
@@ -217,13 +232,17 @@ def load(lab: Lab, r: CaseResult) -> None:
 @case(
     21,
     "soak",
-    "200 cycles (short: 10) of create → connect → stream 2 s → close; every other viewer SIGKILLed",
+    "200 cycles (short: 10) of create → connect → stream 2 s → close; every other viewer SIGKILLed; "
+    "closed sessions listed for 2 s",
     "after warm-up: RSS slope < 0.1 MB/cycle; fds, tasks, threads, children, segments back to baseline",
 )
 def soak(lab: Lab, r: CaseResult) -> None:
     cycles = lab.pick(10, 200)
     warmup = max(2, cycles // 10)
-    config = ServerConfig(SYNTHETIC).with_env(create_burst=100_000, max_sessions=4)
+    # A closed session stays listed (with a task that forgets it) for closed_session_keep_s: 2 s
+    # here instead of 60, so that what is still there after the last cycle is a leak.
+    keep_s = 2.0
+    config = ServerConfig(SYNTHETIC).with_env(create_burst=100_000, max_sessions=4, closed_session_keep_s=keep_s)
     with lab.own_server(config) as server:
         peer_s = float(server.http.get("/v1/model").json()["limits"]["peer_timeout_s"])
 
@@ -255,9 +274,12 @@ def soak(lab: Lab, r: CaseResult) -> None:
             wait_for(quiet, peer_s + 5, 0.1)  # a killed viewer is reaped by its RTCP silence
             res = server.resources()
             samples.append({"cycle": cycle, **res.__dict__})
+            if (cycle + 1) % 10 == 0:
+                lab.progress(f"cycle {cycle + 1}/{cycles}: RSS {res.rss_bytes / 1e6:.1f} MB, {res.tasks} tasks")
             if cycle == warmup - 1:
                 base = res
         assert base is not None
+        time.sleep(keep_s + 0.5)
         end = server.resources()
     xs = np.array([s["cycle"] for s in samples[warmup:]], dtype=float)
     ys = np.array([s["rss_bytes"] for s in samples[warmup:]], dtype=float) / 1e6

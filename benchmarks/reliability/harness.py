@@ -53,8 +53,12 @@ class Check:
     bound: str
     ok: bool
 
+    @property
+    def figure(self) -> str:
+        return _fmt(self.value)
+
     def line(self) -> str:
-        return f"{'ok  ' if self.ok else 'FAIL'} {self.what}: {_fmt(self.value)} (must be {self.bound})"
+        return f"{'ok  ' if self.ok else 'FAIL'} {self.what}: {self.figure} (must be {self.bound})"
 
 
 def at_most(what: str, value: float | None, limit: float, unit: str = "") -> Check:
@@ -296,6 +300,10 @@ class Lab:
 
     def pick(self, short: Any, full: Any) -> Any:
         return full if self.size is Size.FULL else short
+
+    def progress(self, text: str) -> None:
+        """A line on stderr for the long rows (the soak runs for a quarter of an hour)."""
+        print(f"    {text}", file=sys.stderr, flush=True)
 
     def server(self, config: ServerConfig = ServerConfig()) -> ServerUnderTest:
         """A running server with this configuration, shared with other cases (leave it as you found it)."""

@@ -163,6 +163,10 @@ def test_token_required_when_configured() -> None:
         assert c.get("/healthz").status_code == 200
         assert_error(c.get("/v1/model"), 401, "unauthorized")
         assert c.get("/v1/model", headers={"authorization": "Bearer s3cret"}).status_code == 200
+        # Header bytes past ASCII are compared like any others, not an error of the comparison.
+        assert_error(
+            c.get("/v1/model", headers={"authorization": "Bearer s3cr\xe9t".encode("latin-1")}), 401, "unauthorized"
+        )
 
 
 def test_settings_refuse_open_bind_without_token() -> None:

@@ -66,6 +66,8 @@ from workers.runtime.messages import (
 )
 from workers.runtime.records import ChunkOutput, ChunkRecord
 
+IDLE_INTERVALS_KEPT = 10_000  # per stage: a replay's worth (hours of chunks) for timelines
+
 
 class Schedule(Enum):
     PIPELINED = "pipelined"
@@ -193,7 +195,10 @@ class Lane:
     queued: deque[OpenSession | CloseSession] = field(default_factory=deque)  # ahead of chunk work
     rr: int = 0  # round-robin pointer over sessions
     idle_since: float | None = None
-    idle_intervals: list[tuple[float, float]] = field(default_factory=list)  # since the scheduler's origin
+    idle_s: float = 0.0
+    # The most recent idle intervals (for benchmarks' timelines), since the scheduler's origin; the
+    # oldest are dropped so that a server running for weeks holds a bounded number.
+    idle_intervals: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=IDLE_INTERVALS_KEPT))
     busy_s: float = 0.0
     answer_s: dict[CommandKind, deque[float]] = field(default_factory=dict)  # recent send-to-answer times
 
@@ -389,7 +394,7 @@ class Scheduler:
         """Busy and idle seconds per stage; idle time counts while sessions are open, up to `now`."""
         out = {}
         for stage, lane in self.lanes.items():
-            idle = sum(b - a for a, b in lane.idle_intervals)
+            idle = lane.idle_s
             if lane.idle_since is not None and self.sessions:
                 idle += now - lane.idle_since
             out[stage.value] = {"busy_s": lane.busy_s, "idle_s": idle, "idle_intervals": list(lane.idle_intervals)}
@@ -437,6 +442,7 @@ class Scheduler:
     ) -> None:
         if lane.idle_since is not None and self.sessions:
             lane.idle_intervals.append((lane.idle_since - self.origin_t, now - self.origin_t))
+            lane.idle_s += now - lane.idle_since
         lane.idle_since = None
         deadline_t = now + self.deadlines.budget_s(lane.answer_s.get(kind))
         lane.assignment = Assignment(session.id, session.spec.epoch, kind, chunk, now, deadline_t, _inputs_of(cmd))
@@ -514,6 +520,7 @@ class Scheduler:
             if last is not None:  # None: the session stopped running while the chunk decoded
                 assert last.chunk_index == reply.chunk_index, "a chunk's last frames came with another chunk"
                 self._deliver(session, last, now, done=True)
+            session.records.pop(reply.chunk_index, None)  # complete and handed on: a long session keeps none
             limit = session.spec.max_chunks
             if limit is not None and session.chunks_out >= limit and session.state is SessionState.RUNNING:
                 session.state = SessionState.CLOSING
