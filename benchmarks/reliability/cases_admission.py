@@ -38,7 +38,7 @@ OTHER_CLIENT = "127.0.0.2"  # loopback too: a second address for the same server
 
 
 def _delete_all(server: ServerUnderTest) -> None:
-    for s in server.http.get("/v1/sessions").json()["sessions"]:
+    for s in server.sessions():
         if s["state"] in ("created", "connecting", "streaming"):
             server.http.delete(f"/v1/sessions/{s['session_id']}")
 
@@ -64,7 +64,7 @@ def admission(lab: Lab, r: CaseResult) -> None:
     admitted = [x for x in replies if x[0] == 201]
     refused = [x for x in replies if x[0] == 429]
     refusal_s = summarize([x[1] for x in refused])
-    live = [s for s in server.http.get("/v1/sessions").json()["sessions"] if s["state"] == "created"]
+    live = [s for s in server.sessions() if s["state"] == "created"]
     after = server.resources()
     # Re-admission: close one, then create until admitted.
     victim = live[0]["session_id"] if live else None

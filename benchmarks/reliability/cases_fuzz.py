@@ -20,7 +20,6 @@ from benchmarks.reliability.harness import (
     CaseResult,
     Lab,
     ServerConfig,
-    ServerUnderTest,
     at_least,
     at_most,
     below,
@@ -33,12 +32,7 @@ from benchmarks.stats import summarize
 from server.sctp import MAX_MESSAGE_BYTES
 from worldrtc import Session
 
-UNHANDLED = ("Traceback", "Task exception was never retrieved", "Exception in callback")
 SETTLE_S = 10.0  # for peer connections of answered offers to be closed after their DELETE
-
-
-def _unhandled(server: ServerUnderTest) -> list[str]:
-    return [line for line in server.log_text().splitlines() if any(u in line for u in UNHANDLED)]
 
 
 @case(
@@ -101,7 +95,7 @@ def sdp_fuzz(lab: Lab, r: CaseResult) -> None:
         at_most("UDP sockets left", after.udp_sockets - base.udp_sockets, 0),
         below("offer handler p99", timing["p99"], 0.05, " s"),
         equal("readyz", http.get("/readyz").status_code, 200),
-        equal("unhandled exceptions in the log", len(_unhandled(server)), 0),
+        equal("unhandled exceptions in the log", len(server.unhandled()), 0),
     ]
 
 
@@ -188,7 +182,7 @@ def channel_fuzz(lab: Lab, r: CaseResult) -> None:
     big = asyncio.run(_oversize(server.url, lab.pick(2, 5)))
     settled = wait_for(lambda: server.resources().peer_connections == 0, SETTLE_S, 0.1)
     after = server.resources()
-    unhandled = _unhandled(server)
+    unhandled = server.unhandled()
     r.figures = {
         "fuzz": fuzz,
         "server_counted_invalid": invalid,

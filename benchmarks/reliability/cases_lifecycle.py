@@ -37,7 +37,6 @@ from server.settings import DEFAULT_MAX_SESSION_S
 from worldrtc import Session
 
 POLL_S = 0.02
-UNHANDLED = ("Traceback", "Task exception was never retrieved", "Exception in callback", "Unhandled")
 
 
 def _status(server: ServerUnderTest, path: str) -> tuple[int, str | None]:
@@ -179,21 +178,6 @@ async def _unreachable_offer() -> str:
     )
 
 
-def _ended_after(
-    server: ServerUnderTest, sid: str, token: str, t0: float, timeout_s: float
-) -> tuple[float | None, Any]:
-    auth = {"authorization": f"Bearer {token}"}
-    seen: dict[str, Any] = {}
-
-    def ended() -> bool:
-        info = server.http.get(f"/v1/sessions/{sid}", headers=auth).json()
-        seen.update(info)
-        return info["state"] in ("closed", "failed")
-
-    wait_for(ended, timeout_s, 0.05)
-    return (time.monotonic() - t0 if seen.get("ended") else None), seen.get("ended")
-
-
 @case(
     14,
     "abandoned sessions",
@@ -206,49 +190,36 @@ def abandoned(lab: Lab, r: CaseResult) -> None:
     server = lab.server(config)
     peer_s = float(server.http.get("/v1/model").json()["limits"]["peer_timeout_s"])
 
-    def create() -> tuple[str, str, float]:
+    def create() -> tuple[str, str]:
         body = server.http.post("/v1/sessions", json={}).json()
-        return body["session_id"], body["token"], time.monotonic()
+        return body["session_id"], body["token"]
 
-    sid, token, t0 = create()
-    no_offer = _ended_after(server, sid, token, t0, offer_s + 10)
+    sid, _ = create()
+    no_offer = server.wait_ended(sid, offer_s + 10)
 
-    sid, token, _ = create()
+    sid, token = create()
     offer = asyncio.run(_unreachable_offer())
     auth = {"authorization": f"Bearer {token}"}
     answered = server.http.post(f"/v1/sessions/{sid}/offer", json={"sdp": offer, "type": "offer"}, headers=auth)
-    t0 = time.monotonic()
-    no_ice = _ended_after(server, sid, token, t0, ice_s + 10)
+    no_ice = server.wait_ended(sid, ice_s + 10)
 
     peer = PeerProcess("hang", server.url, "--frames", "8")
     try:
         streaming = peer.event(60)
         peer.kill()
-        t0 = time.monotonic()
     finally:
         peer.kill()
     sid = streaming["session_id"]
     # The peer's token died with it: the server's own listing shows the session's end.
-    gone: dict[str, Any] = {}
-
-    def listed_ended() -> bool:
-        info = next(s for s in server.http.get("/v1/sessions").json()["sessions"] if s["session_id"] == sid)
-        gone.update(info)
-        return info["state"] in ("closed", "failed")
-
-    killed_s = wait_for(listed_ended, peer_s + 10, 0.05)
-    active = [
-        s
-        for s in server.http.get("/v1/sessions").json()["sessions"]
-        if s["state"] in ("created", "connecting", "streaming")
-    ]
+    killed_s, killed_end = server.wait_ended(sid, peer_s + 10)
+    active = [s for s in server.sessions() if s["state"] in ("created", "connecting", "streaming")]
     slots_back = server.http.post("/v1/sessions", json={})
     if slots_back.status_code == 201:
         server.http.delete(f"/v1/sessions/{slots_back.json()['session_id']}")
     r.figures = {
         "no_offer": no_offer,
         "ice_never": {"answer": answered.status_code, "ended": no_ice},
-        "viewer_killed": {"after_s": killed_s, "ended": gone.get("ended")},
+        "viewer_killed": {"after_s": killed_s, "ended": killed_end},
         "timeouts_s": {"offer": offer_s, "ice": ice_s, "peer": peer_s},
     }
     r.checks = [
@@ -261,7 +232,7 @@ def abandoned(lab: Lab, r: CaseResult) -> None:
             no_ice[1],
         ),
         at_most("ICE never connects: reaped after", no_ice[0], ice_s + 1, " s"),
-        equal("viewer killed: end reason", gone.get("ended"), "peer_gone"),
+        equal("viewer killed: end reason", killed_end, "peer_gone"),
         at_most("viewer killed: reaped after", killed_s, peer_s + 1, " s"),
         equal("sessions still holding a slot", len(active), 0),
         equal("a new session is admitted", slots_back.status_code, 201),
@@ -279,27 +250,17 @@ def dtls_tampered(lab: Lab, r: CaseResult) -> None:
         peer = PeerProcess("tamper", server.url, "--wait-s", "8")
         try:
             answered = peer.event(60)
-            time.monotonic()
-            sid = answered["session_id"]
-            closed: dict[str, Any] = {}
-
-            def ended() -> bool:
-                info = next(s for s in server.http.get("/v1/sessions").json()["sessions"] if s["session_id"] == sid)
-                closed.update(info)
-                return info["state"] in ("closed", "failed")
-
-            closed_s = wait_for(ended, 15, 0.05)
+            closed_s, ended = server.wait_ended(answered["session_id"], 15)
             client = peer.event(30)
         finally:
             peer.kill()
         time.sleep(0.5)  # anything the close set off has been logged
-        log = server.log_text()
-    unhandled = [line for line in log.splitlines() if any(u in line for u in UNHANDLED)]
-    r.figures = {"answer": answered, "closed_s": closed_s, "ended": closed.get("ended"), "client": client}
+        unhandled = server.unhandled()
+    r.figures = {"answer": answered, "closed_s": closed_s, "ended": ended, "client": client}
     r.checks = [
         holds("the offer was tampered and answered", answered["tampered"] and answered["status"] == 200),
         at_most("session closed after", closed_s, 5.0, " s"),
-        holds("ended as a failed connection", closed.get("ended") == "peer_gone", closed.get("ended")),
+        holds("ended as a failed connection", ended == "peer_gone", ended),
         equal("unhandled exceptions in the server log", len(unhandled), 0),
     ]
 

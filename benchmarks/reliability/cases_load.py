@@ -247,7 +247,7 @@ def soak(lab: Lab, r: CaseResult) -> None:
         peer_s = float(server.http.get("/v1/model").json()["limits"]["peer_timeout_s"])
 
         def quiet() -> bool:
-            listed = server.http.get("/v1/sessions").json()["sessions"]
+            listed = server.sessions()
             return not any(s["state"] in ("created", "connecting", "streaming", "closing") for s in listed)
 
         async def clean_cycle() -> None:

@@ -35,6 +35,8 @@ from workers.runtime.channel import leaked_segments
 # The synthetic timing model at the gridworld preset's shapes: real stage processes and channels,
 # stages that take a stated time and little CPU, so that what is measured is the server.
 SYNTHETIC = ("--model", "synthetic", "--stage-ms", "20,150,100", "--synthetic-geometry", "gridworld")
+# What the server's log shows for an exception nobody handled (asyncio's reports, and the server's).
+UNHANDLED = ("Traceback", "Task exception was never retrieved", "Exception in callback", "Unhandled")
 LAG_BOUND_S = 0.02  # a histogram bucket bound (server/metrics.py LAG_BUCKETS), so "p99 < 20 ms" is exact
 
 
@@ -230,6 +232,25 @@ class ServerUnderTest:
 
     def log_text(self) -> str:
         return log_tail(self.log, chars=10_000_000)
+
+    def unhandled(self) -> list[str]:
+        """Log lines that show an exception nobody handled (asyncio's and the server's own reports)."""
+        return [line for line in self.log_text().splitlines() if any(u in line for u in UNHANDLED)]
+
+    def sessions(self) -> list[dict[str, Any]]:
+        """GET /v1/sessions: live sessions and those that ended within closed_session_keep_s."""
+        return list(self.http.get("/v1/sessions").json()["sessions"])
+
+    def wait_ended(self, session_id: str, timeout_s: float) -> tuple[float | None, str | None]:
+        """Seconds until the server lists the session as ended (None: not within timeout_s), and why
+        it ended (its `done` code)."""
+        seen: dict[str, Any] = {}
+
+        def ended() -> bool:
+            seen.update(next(s for s in self.sessions() if s["session_id"] == session_id))
+            return seen["state"] in ("closed", "failed")
+
+        return wait_for(ended, timeout_s), seen.get("ended")
 
     def close(self) -> None:
         self.http.close()
