@@ -42,6 +42,7 @@ from server.errors import (
 )
 from server.ice import host_addresses, keep_local_candidates, use_loopback_candidates, use_udp_port_range
 from server.lifecycle import WORKER_GRACE_S, Phase
+from server.memory import release_freed_memory
 from server.metrics import LoopLagMonitor, Metrics
 from server.protocol import (
     MAX_CONTROL_MESSAGE_BYTES,
@@ -204,6 +205,7 @@ class AppState:
         # Owned by the app, not the session: the session cancels its own tasks when it closes.
         async def forget() -> None:
             await session.wait_closed()
+            await asyncio.to_thread(release_freed_memory)
             await asyncio.sleep(self.settings.closed_session_keep_s)
             self.sessions.pop(session.id, None)
 
