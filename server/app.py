@@ -337,6 +337,7 @@ def create_app(settings: Settings) -> FastAPI:
                 "abuse_window_s": settings.abuse_window_s,
                 "create_burst": settings.create_burst,
                 "create_rate_per_min": settings.create_rate_per_min,
+                "rest_body_max_bytes": settings.rest_body_max_bytes,
                 "image_max_bytes": settings.image_max_bytes,
                 "image_max_pixels": settings.image_max_pixels,
                 "sdp_max_bytes": settings.sdp_max_bytes,
