@@ -42,7 +42,7 @@ from server.errors import (
 )
 from server.ice import host_addresses, keep_local_candidates, use_loopback_candidates, use_udp_port_range
 from server.lifecycle import WORKER_GRACE_S, Phase
-from server.memory import release_freed_memory
+from server.memory import freeze_startup_objects, reclaim_session_memory
 from server.metrics import LoopLagMonitor, Metrics
 from server.protocol import (
     MAX_CONTROL_MESSAGE_BYTES,
@@ -205,7 +205,7 @@ class AppState:
         # Owned by the app, not the session: the session cancels its own tasks when it closes.
         async def forget() -> None:
             await session.wait_closed()
-            await asyncio.to_thread(release_freed_memory)
+            await reclaim_session_memory()
             await asyncio.sleep(self.settings.closed_session_keep_s)
             self.sessions.pop(session.id, None)
 
@@ -233,6 +233,7 @@ def create_app(settings: Settings) -> FastAPI:
             state.load_error = str(exc)
             state.engine_failed(f"it did not start: {state.load_error}")
             return
+        freeze_startup_objects()  # before any session: what is alive now lives as long as the process
         state.ready = True
         state.ready_s = time.monotonic() - t0
         if state.on_ready is not None:

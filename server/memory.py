@@ -1,16 +1,24 @@
-"""Hand freed heap memory back to the operating system after a session ends.
+"""Give a closed session's memory back: collect its garbage, then hand freed pages to the OS.
 
-A session's encoder threads, aiortc objects and frame buffers allocate from glibc's per-thread
-arenas. Freed, that memory stays in the arenas, so without this a long-running server's RSS creeps
-up with every session though nothing leaks: measured over 30 create → stream → close cycles, RSS
-grew 21 MB, and `malloc_trim(0)` gave back 17 MB of it. Trimming takes milliseconds, so it runs in
-a thread, once per closed session. Elsewhere than glibc (musl, macOS) it does nothing.
+aiortc's connection objects (peer connection, transports, sender, receiver) refer to each other in
+cycles, so a closed session is freed only by the cyclic garbage collector, and CPython runs a full
+collection rarely (when the old generation has grown by a quarter). Measured on the soak (create →
+stream 2 s → close, over and over): RSS climbed 0.2 MB a session for 120 sessions until a full
+collection dropped 14 MB at once. So the server collects after each session closes, and then asks
+glibc to return free pages (`malloc_trim`: freed memory otherwise stays in its per-thread arenas).
+
+A full collection scans every tracked object, and the loaded model, torch and every imported
+module are hundreds of thousands of them: `freeze_startup_objects()`, called once the engine is
+warm, moves those to the permanent generation, so a collection scans only what sessions made
+(3-25 ms measured on 2 cores, once per closed session, against 160-200 ms unfrozen).
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
+import gc
 from collections.abc import Callable
 
 
@@ -20,7 +28,7 @@ def _find_trim() -> Callable[[int], int] | None:
         return None
     try:
         trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):  # not glibc
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to do
         return None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return trim
@@ -29,7 +37,14 @@ def _find_trim() -> Callable[[int], int] | None:
 _TRIM = _find_trim()
 
 
-def release_freed_memory() -> None:
-    """Return free heap pages to the OS (blocking: call it off the event loop)."""
+def freeze_startup_objects() -> None:
+    """Set aside what lives as long as the process, so later collections skip it. Call once."""
+    gc.collect()
+    gc.freeze()
+
+
+async def reclaim_session_memory() -> None:
+    """Collect the cycles a closed session left, then return free heap pages to the OS (off the loop)."""
+    gc.collect()
     if _TRIM is not None:
-        _TRIM(0)
+        await asyncio.to_thread(_TRIM, 0)

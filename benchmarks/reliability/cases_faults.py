@@ -220,7 +220,6 @@ def start_failure(lab: Lab, r: CaseResult) -> None:
     "every worker gone ≤ 2 s; /dev/shm back to baseline",
 )
 def server_sigkill(lab: Lab, r: CaseResult) -> None:
-    baseline = set(leaked_segments())
     process = start_server(list(SYNTHETIC), lab.log_dir / "server-sigkill.log")
     server = ServerUnderTest(process)
     try:
@@ -237,11 +236,11 @@ def server_sigkill(lab: Lab, r: CaseResult) -> None:
             return gone
 
         gone_s = asyncio.run(live_then_kill())
-        left = set(leaked_segments()) - baseline
+        left = [name for pid in (server.pid, *workers) for name in leaked_segments(pid)]
     finally:
         server.close()
         kill_group(process)
-    r.figures = {"workers": workers, "gone_s": gone_s, "segments_left": sorted(left)}
+    r.figures = {"workers": workers, "gone_s": gone_s, "segments_left": left}
     r.checks = [
         at_most("every worker gone after", gone_s, 2.0, " s"),
         equal("channel files left in /dev/shm", len(left), 0),

@@ -149,7 +149,7 @@ class Resources:
     threads: int
     children: int
     zombies: int
-    segments: int  # channel files in /dev/shm (any producer)
+    segments: int  # channel files in /dev/shm of this server's processes (any it has had)
     udp_sockets: int
     tasks: int  # the server's asyncio tasks
     peer_connections: int
@@ -166,6 +166,7 @@ class ServerUnderTest:
         self.token = token
         headers = {"authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=30)
+        self._pids_seen: set[int] = set()
 
     @property
     def pid(self) -> int:
@@ -203,6 +204,7 @@ class ServerUnderTest:
     def resources(self) -> Resources:
         procs = [self.ps, *self.ps.children(recursive=True)]
         children = procs[1:]
+        self._pids_seen.update(p.pid for p in procs)  # a restarted worker's files still count
         udp = 0
         for p in procs:
             with contextlib.suppress(psutil.Error):
@@ -214,7 +216,7 @@ class ServerUnderTest:
             threads=self.ps.num_threads(),
             children=len(children),
             zombies=sum(_status(p) == psutil.STATUS_ZOMBIE for p in children),
-            segments=len(leaked_segments()),
+            segments=sum(len(leaked_segments(pid)) for pid in self._pids_seen),
             udp_sockets=udp,
             tasks=int(engine["event_loop_tasks"]),
             peer_connections=int(engine["peer_connections"]),
