@@ -42,7 +42,7 @@ from server.errors import (
 )
 from server.ice import host_addresses, keep_local_candidates, use_loopback_candidates, use_udp_port_range
 from server.lifecycle import WORKER_GRACE_S, Phase
-from server.memory import freeze_startup_objects, reclaim_session_memory
+from server.memory import MemoryReclaimer, freeze_startup_objects
 from server.metrics import LoopLagMonitor, Metrics
 from server.protocol import (
     MAX_CONTROL_MESSAGE_BYTES,
@@ -107,6 +107,7 @@ class AppState:
         self.own_addresses = host_addresses() if settings.is_loopback else None
         self.create_limiter = PerClientLimiter(settings.create_rate_per_min / 60, settings.create_burst)
         self._admitting = 0  # creates past the capacity check, still decoding their image
+        self.reclaimer = MemoryReclaimer()
 
     def active_sessions(self) -> int:
         return sum(s.state in ACTIVE for s in self.sessions.values())
@@ -205,13 +206,17 @@ class AppState:
         # Owned by the app, not the session: the session cancels its own tasks when it closes.
         async def forget() -> None:
             await session.wait_closed()
-            await reclaim_session_memory()
+            self._own(self.reclaimer.session_closed())
             await asyncio.sleep(self.settings.closed_session_keep_s)
             self.sessions.pop(session.id, None)
 
-        task = asyncio.get_running_loop().create_task(forget(), name=f"forget-{session.id}")
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self._own(asyncio.get_running_loop().create_task(forget(), name=f"forget-{session.id}"))
+
+    def _own(self, task: asyncio.Task[None] | None) -> None:
+        """Keep a background task until it is done (and cancel it at shutdown)."""
+        if task is not None:
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
 
 
 def create_app(settings: Settings) -> FastAPI:
