@@ -194,7 +194,7 @@ LOAD = ServerConfig(("--model", "synthetic", "--stage-ms", "50,400,300")).with_e
     "each ≥ 0.95 of target unique FPS; loop lag p99 < 20 ms",
 )
 def load(lab: Lab, r: CaseResult) -> None:
-    duration_s = lab.pick(20.0, 60.0)
+    duration_s = lab.pick(12.0, 60.0)
     with lab.own_server(LOAD) as server:
 
         async def steer(s: Session, seed: int, until: float) -> None:
@@ -233,12 +233,12 @@ def load(lab: Lab, r: CaseResult) -> None:
 @case(
     21,
     "soak",
-    "200 cycles (short: 10) of create → connect → stream 2 s → close; every other viewer SIGKILLed; "
+    "200 cycles (short: 8) of create → connect → stream 2 s → close; every other viewer SIGKILLed; "
     "closed sessions listed for 2 s",
     "after warm-up: RSS slope < 0.1 MB/cycle; fds, tasks, threads, children, segments back to baseline",
 )
 def soak(lab: Lab, r: CaseResult) -> None:
-    cycles = lab.pick(10, 200)
+    cycles = lab.pick(8, 200)
     warmup = max(2, cycles // 10)
     # A closed session stays listed (with a task that forgets it) for closed_session_keep_s: 2 s
     # here instead of 60, so that what is still there after the last cycle is a leak.
