@@ -135,6 +135,7 @@ def slow_stage(lab: Lab, r: CaseResult) -> None:
                 while time.perf_counter() - t0 < duration_s:
                     engine = await asyncio.to_thread(server.engine)
                     outstanding.append(int(engine["outstanding_slots"]))
+                    await asyncio.sleep(0.5)  # a sample, not a load on the server
 
             await asyncio.gather(steer(), watch_slots())
             info = await s.server_info()

@@ -240,7 +240,6 @@ def _loopback(address: str) -> bool:
     "every listening socket (HTTP, ICE) on loopback",
 )
 def default_bind(lab: Lab, r: CaseResult) -> None:
-    lab.log_dir.mkdir(parents=True, exist_ok=True)
     with local_server(list(ServerConfig().args), lab.log_dir / "default-bind.log", host=None) as process:
         server = ServerUnderTest(process)
 
