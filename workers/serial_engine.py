@@ -73,9 +73,9 @@ class SerialSession:
         with intra_op_threads(self.cpu_threads):
             t0 = time.perf_counter()
             cond = self.condition.next_chunk()
-            cells = self.camera.next_chunk(control, self.chunk_latent_frames)
+            poses = self.camera.next_poses(control, self.chunk_latent_frames)
             t1 = time.perf_counter()
-            latents = self.denoise.run_chunk(cond, cells)
+            latents = self.denoise.run_chunk(cond.to(self.denoise.device), poses.to(self.denoise.device))
             t2 = time.perf_counter()
             frames = self.decode.run_chunk(latents)
             t3 = time.perf_counter()

@@ -132,21 +132,33 @@ class Intrinsics:
         return Intrinsics(fx=float(width_px), fy=float(width_px), cx=width_px / 2, cy=height_px / 2)
 
 
-def plucker_rays(poses: torch.Tensor, intrinsics: Intrinsics, height_px: int, width_px: int) -> torch.Tensor:
-    """Per-pixel Plücker map [F, H, W, 6] = [ray origin (3), unit ray direction (3)] in float32."""
+def pixel_directions(
+    intrinsics: Intrinsics, height_px: int, width_px: int, device: torch.device | None = None
+) -> torch.Tensor:
+    """Unit ray directions through every pixel centre in the camera frame, [H, W, 3] float64."""
     ys, xs = torch.meshgrid(
-        torch.arange(height_px, dtype=torch.float64) + 0.5,
-        torch.arange(width_px, dtype=torch.float64) + 0.5,
+        torch.arange(height_px, dtype=torch.float64, device=device) + 0.5,
+        torch.arange(width_px, dtype=torch.float64, device=device) + 0.5,
         indexing="ij",
     )
     dirs = torch.stack(
         [(xs - intrinsics.cx) / intrinsics.fx, (ys - intrinsics.cy) / intrinsics.fy, torch.ones_like(xs)], dim=-1
     )
-    dirs = dirs / dirs.norm(dim=-1, keepdim=True)  # [H, W, 3]
+    return dirs / dirs.norm(dim=-1, keepdim=True)
+
+
+def rays_through(poses: torch.Tensor, directions: torch.Tensor) -> torch.Tensor:
+    """Poses [F, 4, 4] and pixel directions [H, W, 3] (same device) -> Plücker map [F, H, W, 6]
+    = [ray origin (3), unit ray direction (3)] in float32."""
     poses = poses.to(torch.float64)
-    rays_d = torch.einsum("hwj,fij->fhwi", dirs, poses[:, :3, :3])
+    rays_d = torch.einsum("hwj,fij->fhwi", directions, poses[:, :3, :3])
     rays_o = poses[:, None, None, :3, 3].expand_as(rays_d)
     return torch.cat([rays_o, rays_d], dim=-1).float()
+
+
+def plucker_rays(poses: torch.Tensor, intrinsics: Intrinsics, height_px: int, width_px: int) -> torch.Tensor:
+    """Per-pixel Plücker map [F, H, W, 6] for poses on the host."""
+    return rays_through(poses, pixel_directions(intrinsics, height_px, width_px))
 
 
 def plucker_cells(rays: torch.Tensor, cell_px: int) -> torch.Tensor:
@@ -181,11 +193,16 @@ class CameraTrack:
             translation_scale=preset.translation_scale,
         )
 
-    def next_chunk(self, control: ChunkControl, num_latent_frames: int) -> torch.Tensor:
-        """Controls for the next chunk -> Plücker cells [384, F, h, w] (float32)."""
+    def next_poses(self, control: ChunkControl, num_latent_frames: int) -> torch.Tensor:
+        """Controls for the next chunk -> the DiT's relative poses [F, 4, 4] (float64, host)."""
         poses, self.state = integrate_chunk(self.state, control, num_latent_frames, self.last_pose is None, self.motion)
         rel = relative_chunk_poses(poses, self.last_pose, self.translation_scale)
         self.last_pose = poses[-1]
+        return rel
+
+    def next_chunk(self, control: ChunkControl, num_latent_frames: int) -> torch.Tensor:
+        """Controls for the next chunk -> Plücker cells [384, F, h, w] (float32, host)."""
+        rel = self.next_poses(control, num_latent_frames)
         return plucker_cells(plucker_rays(rel, self.intrinsics, self.height_px, self.width_px), self.cell_px)
 
     def reset_pose(self) -> None:
@@ -193,3 +210,20 @@ class CameraTrack:
         self.state = CameraState()
         if self.last_pose is not None:
             self.last_pose = self.state.c2w()
+
+
+class PluckerEncoder:
+    """Relative poses -> Plücker cells on the DiT's device.
+
+    The pixel directions (H × W × 3 float64) are built there once; a chunk then uploads only its
+    F 4 × 4 poses and computes its rays where the DiT runs, instead of building an H × W map on
+    the host and copying it over (at 480 × 832 that map is 38 MB per chunk)."""
+
+    def __init__(self, preset: ModelPreset, device: torch.device) -> None:
+        intrinsics = Intrinsics.default(preset.width_px, preset.height_px)
+        self.directions = pixel_directions(intrinsics, preset.height_px, preset.width_px, device)
+        self.cell_px = preset.vae.spatial_stride
+
+    def cells(self, poses: torch.Tensor) -> torch.Tensor:
+        """poses [F, 4, 4] on the encoder's device -> [384, F, h, w] float32."""
+        return plucker_cells(rays_through(poses, self.directions), self.cell_px)

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from workers.models.kv_cache import LayerKVCache, SessionKVCache
 from workers.models.presets import DiTConfig
-from workers.models.rope import apply_rope, rope_cos_sin
+from workers.models.rope import RopeTables, apply_rope
 
 if TYPE_CHECKING:
     from workers.parallel.ulysses import SequenceParallel
@@ -169,7 +169,11 @@ class DiTBlock(nn.Module):
         self.cam_shift_layer = nn.Linear(dim, dim)
 
     def camera_modulation(self, cam: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cam [B, F, S, dim] -> (scale, shift), constant for the 5 forwards of a chunk."""
+        """cam [B, F, S, dim] -> this block's (scale, shift) in float32.
+
+        Computed inside each forward rather than kept for the chunk: keeping every block's pair
+        costs 2 · num_layers float32 activations (about 10 GB per rank for the 14B model at
+        480 × 832), recomputing costs four dim × dim linears per block."""
         hidden = _linear(self.cam_injector_layer2, F.silu(_linear(self.cam_injector_layer1, cam))) + cam
         return _linear(self.cam_scale_layer, hidden).float(), _linear(self.cam_shift_layer, hidden).float()
 
@@ -179,7 +183,7 @@ class DiTBlock(nn.Module):
         e: torch.Tensor,  # [B, F, 6, dim] float32
         rope: tuple[torch.Tensor, torch.Tensor],
         text_kv: tuple[torch.Tensor, torch.Tensor],
-        cam: tuple[torch.Tensor, torch.Tensor] | None,
+        cam: torch.Tensor | None,  # the chunk's camera embedding [B, F, S, dim]
         cache: LayerKVCache | None,
         commit: bool,
         attn_mask: torch.Tensor | None,
@@ -191,7 +195,7 @@ class DiTBlock(nn.Module):
         y = self.self_attn(h, rope, cache, commit, attn_mask, sp)
         x = x + y.float() * mod[2]
         if cam is not None:
-            scale, shift = cam
+            scale, shift = self.camera_modulation(cam)
             x = (1.0 + scale) * x + shift
         y = self.cross_attn(self.norm3(x).flatten(1, 2), text_kv).view(shape)
         x = x + y.float()
@@ -214,11 +218,12 @@ class Head(nn.Module):
         return _linear(self.head, self.norm(x) * (1 + scale) + shift).float()
 
 
-@dataclass
+@dataclass(frozen=True)
 class ChunkCamera:
-    """Per-block camera (scale, shift) for one chunk, computed once and reused by its 5 forwards."""
+    """A chunk's camera embedding [B, F, S, dim], computed once and shared by its forwards; each
+    block derives its own modulation from it (`DiTBlock.camera_modulation`)."""
 
-    per_block: list[tuple[torch.Tensor, torch.Tensor]]
+    hidden: torch.Tensor
 
 
 class WanDiT(nn.Module):
@@ -274,7 +279,7 @@ class WanDiT(nn.Module):
             tokens = sp.shard_tokens(tokens)  # [B, F, S/N, 1536]
         cam = _linear(self.patch_embedding_wancamctrl, tokens)
         cam = cam + _linear(self.c2ws_hidden_states_layer2, F.silu(_linear(self.c2ws_hidden_states_layer1, cam)))
-        return ChunkCamera([block.camera_modulation(cam) for block in self.block_list])
+        return ChunkCamera(cam)
 
     # ---- forward ----
 
@@ -290,6 +295,7 @@ class WanDiT(nn.Module):
         commit: bool = False,
         attn_mask: torch.Tensor | None = None,
         sp: SequenceParallel | None = None,
+        rope: RopeTables | None = None,
     ) -> torch.Tensor:
         """Predict the flow velocity for a chunk of latent frames.
 
@@ -300,6 +306,9 @@ class WanDiT(nn.Module):
         With `sp` (Ulysses over N ranks), every rank passes the same full inputs and gets the same
         full velocity back; `camera` must come from `chunk_camera(..., sp)` and `kv_cache` must hold
         num_heads / N heads.
+
+        `rope`: the session's resident tables for this token grid; without it they are built for
+        this call (on the input's device).
         """
         sp = _active(sp)
         b, _, f, h, w = noisy.shape
@@ -319,15 +328,17 @@ class WanDiT(nn.Module):
         e0 = _mlp_f32(self.time_projection, e).view(b, f, 6, self.cfg.dim)
         e = e.float().view(b, f, self.cfg.dim)
 
-        rope = rope_cos_sin(self.cfg.head_dim, start_frame, f, gh, gw, x.device)
+        if rope is None:
+            rope = RopeTables(self.cfg.head_dim, gh, gw, x.device)
+        cos_sin = rope.cos_sin(start_frame, f)
         mask = None if attn_mask is None else attn_mask.to(x.device)
         for i, block in enumerate(self.block_list):
             x = block(
                 x,
                 e0,
-                rope,
+                cos_sin,
                 text_kv[i],
-                None if camera is None else camera.per_block[i],
+                None if camera is None else camera.hidden,
                 None if kv_cache is None else kv_cache.layers[i],
                 commit,
                 mask,

@@ -5,6 +5,9 @@ The schedule is the flow-matching UniPC one: 1000 training steps, sigmas linearl
 samples only at a few indices of that 1000-step table (default [0, 250, 500, 750]): at each it
 predicts x0 = x_t − σ_t·v, then re-noises x0 to the next timestep with fresh noise from the
 session's seeded generator; the last step's x0 is the chunk's clean latent. No CFG.
+
+A stage keeps its sampler's schedule on its own device (`FewStepSampler.to`), so a sampling step
+reads its timestep and sigma there and never copies them from the host.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ class FlowSchedule:
             raise ValueError(f"timestep indices {indices} outside 0..{len(self.timesteps) - 1}")
         return FlowSchedule(timesteps=self.timesteps[idx], sigmas=self.sigmas[idx])
 
+    def to(self, device: torch.device) -> FlowSchedule:
+        return FlowSchedule(timesteps=self.timesteps.to(device), sigmas=self.sigmas.to(device))
+
 
 VelocityFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -50,6 +56,10 @@ VelocityFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 class FewStepSampler:
     def __init__(self, schedule: FlowSchedule) -> None:
         self.schedule = schedule
+
+    def to(self, device: torch.device) -> FewStepSampler:
+        """The same sampler with its schedule resident on `device`."""
+        return FewStepSampler(self.schedule.to(device))
 
     @property
     def num_steps(self) -> int:
@@ -60,8 +70,9 @@ class FewStepSampler:
         x_t = noise
         x0 = noise
         for i in range(self.num_steps):
-            t = self.schedule.timesteps[i]
-            v = velocity(x_t, t.reshape(1).to(noise.device))
+            # A host-side schedule is copied here each step; `to(device)` keeps it resident instead.
+            t = self.schedule.timesteps[i].reshape(1).to(noise.device)
+            v = velocity(x_t, t)
             x0 = self.predict_x0(x_t, v, i)
             if i + 1 < self.num_steps:
                 fresh = torch.randn(x0.shape, generator=generator, dtype=x0.dtype, device=x0.device)

@@ -1,8 +1,8 @@
 """DiT stage handler (one rank of a Ulysses group): per session the KV cache, text K/V and camera track.
 
 The camera is integrated here rather than in the encode stage: a chunk's control is sampled only
-when the DiT is ready to start it, and turning it into Plücker rays is cheap, so the DiT never
-waits on another stage for it.
+when the DiT is ready to start it, and turning it into poses is cheap, so the DiT never waits on
+another stage for it.
 """
 
 from __future__ import annotations
@@ -55,8 +55,9 @@ class DitHandler(StageHandler):
             with self.timed() as timer:
                 if msg.reset_pose:
                     session.camera.reset_pose()
-                cells = session.camera.next_chunk(msg.control, session.denoise.chunk)
-                latents = session.denoise.run_chunk(cond, cells)
+                poses = session.camera.next_poses(msg.control, session.denoise.chunk)
+                # The chunk's one host-to-device copy: F 4 × 4 poses (the rays are built on the device).
+                latents = session.denoise.run_chunk(cond, poses.to(self.device))
             out = self.publish(latents, shard_dim=LATENT_ROW_DIM, num_shards=self.spec.output_shards)
             yield self.chunk_done(msg, timer.busy_s, out, (msg.cond,))
         else:

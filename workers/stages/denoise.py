@@ -3,15 +3,23 @@
 Per session it owns the self-attention KV cache, the text K/V (computed once) and a seeded
 generator from which all noise is drawn in a fixed order: the chunk's initial noise, then one
 re-noise per intermediate step. Same seed, same conditions -> same latents.
+
+Everything a chunk's forwards read lives on the stage's device from the session's start: RoPE
+tables, the sampler's timesteps and sigmas, the pixel ray directions, the commit timestep. A
+chunk's inputs (the latent condition, which arrives over the tensor channel, and F camera poses)
+are on the device before `run_chunk`, which then neither copies from the host nor reads a value
+back (tests/workers/models/test_hot_path.py holds it to that).
 """
 
 from __future__ import annotations
 
 import torch
 
+from workers.models.camera import PluckerEncoder
 from workers.models.dit import WanDiT
 from workers.models.kv_cache import KVCacheSpec, SessionKVCache
 from workers.models.presets import ModelPreset
+from workers.models.rope import RopeTables
 from workers.models.sampler import FewStepSampler, FlowSchedule
 from workers.parallel.ulysses import SequenceParallel
 
@@ -19,6 +27,13 @@ from workers.parallel.ulysses import SequenceParallel
 def make_sampler(preset: ModelPreset) -> FewStepSampler:
     schedule = FlowSchedule.unipc(preset.num_train_timesteps, preset.sample_shift)
     return FewStepSampler(schedule.subset(preset.timestep_indices))
+
+
+def noise_generator(device: torch.device, seed: int) -> torch.Generator:
+    """The session's seeded generator on its device; device types without generators of their
+    own (`meta`, used to trace a step without running it) draw from a host generator."""
+    own = device.type in ("cpu", "cuda")
+    return torch.Generator(device=device if own else "cpu").manual_seed(seed)
 
 
 class DenoiseSession:
@@ -36,10 +51,15 @@ class DenoiseSession:
         device = dit.patch_embedding.weight.device
         self.dit = dit
         self.sp = sp
-        self.sampler = make_sampler(preset)
+        self.device = device
+        self.sampler = make_sampler(preset).to(device)
         self.chunk = chunk_latent_frames
         self.latent_hw = (preset.latent_height, preset.latent_width)
-        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.generator = noise_generator(device, seed)
+        _, ph, pw = cfg.patch_size
+        self.rope = RopeTables(cfg.head_dim, preset.latent_height // ph, preset.latent_width // pw, device)
+        self.rays = PluckerEncoder(preset, device)
+        self.commit_t = torch.zeros(1, device=device)
         spec = KVCacheSpec(
             num_layers=cfg.num_layers,
             batch=1,
@@ -55,20 +75,17 @@ class DenoiseSession:
             self.text_kv = dit.text_kv([u.to(device) for u in text_embeddings])
 
     @torch.no_grad()
-    def run_chunk(self, cond: torch.Tensor, plucker_cells: torch.Tensor) -> torch.Tensor:
-        """cond [1, 20, C, h, w], plucker_cells [384, C, h, w] -> clean latents [1, 16, C, h, w]."""
-        device = self.dit.patch_embedding.weight.device
-        cond = cond.to(device)
-        camera = self.dit.chunk_camera(plucker_cells[None].to(device), sp=self.sp)
+    def run_chunk(self, cond: torch.Tensor, poses: torch.Tensor) -> torch.Tensor:
+        """cond [1, 20, C, h, w], poses [C, 4, 4] (relative, see CameraTrack.next_poses), both on
+        the stage's device -> clean latents [1, 16, C, h, w]."""
+        camera = self.dit.chunk_camera(self.rays.cells(poses)[None], sp=self.sp)
         start = self.kv_cache.committed_frames
-        noise = torch.randn((1, 16, self.chunk, *self.latent_hw), generator=self.generator, device=device)
+        noise = torch.randn((1, 16, self.chunk, *self.latent_hw), generator=self.generator, device=self.device)
 
-        def velocity(x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-            return self.dit(x_t, cond, t, self.text_kv, camera, start, self.kv_cache, commit=False, sp=self.sp)
+        def forward(x: torch.Tensor, t: torch.Tensor, commit: bool) -> torch.Tensor:
+            return self.dit(x, cond, t, self.text_kv, camera, start, self.kv_cache, commit, sp=self.sp, rope=self.rope)
 
-        x0 = self.sampler.sample(noise, velocity, self.generator)
+        x0 = self.sampler.sample(noise, lambda x_t, t: forward(x_t, t, False), self.generator)
         # Commit clean K/V so the next chunk attends to what was actually shown.
-        self.dit(
-            x0, cond, torch.zeros(1, device=device), self.text_kv, camera, start, self.kv_cache, commit=True, sp=self.sp
-        )
+        forward(x0, self.commit_t, True)
         return x0
