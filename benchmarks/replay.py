@@ -39,7 +39,10 @@ from benchmarks.video import Mp4Writer
 from workers.chunk_geometry import chunk_first_frame, chunk_num_frames
 from workers.controls import ChunkControl
 from workers.images import fit_image, read_image
+from workers.models.attention import AttentionBackend
+from workers.models.kernels import KernelConfig
 from workers.models.presets import DEFAULT_PRESET, PRESETS, ModelPreset
+from workers.runtime.peak_memory import measure_peak_memory
 from workers.runtime.placement import PLACEMENTS, Placement, get_placement
 from workers.runtime.synthetic import SYNTHETIC, resolve_model
 from workers.serial_engine import SerialEngine
@@ -78,6 +81,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="torch intra-op threads per CPU process, either engine (default: the placement's cpu_threads_per_worker)",
     )
+    p.add_argument(
+        "--attention",
+        default=AttentionBackend.AUTO.value,
+        choices=[b.value for b in AttentionBackend],
+        help="attention kernel for the DiT (default auto)",
+    )
+    p.add_argument("--compile", action="store_true", help="torch.compile the DiT blocks (first chunk compiles)")
+    p.add_argument("--deterministic", action="store_true", help="deterministic algorithms (regression runs)")
     p.add_argument("--out", type=Path, required=True, help="where to write RUN.json")
     p.add_argument("--video", type=Path, default=None, help="where to write the MP4 (optional)")
     p.add_argument("--quiet", action="store_true", help="no per-chunk progress lines")
@@ -93,6 +104,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args._synthetic is not None and args.in_process:
         p.error("the synthetic model runs on the worker processes; drop --in-process")
     return args
+
+
+def kernels_for(args: argparse.Namespace) -> KernelConfig:
+    return KernelConfig(AttentionBackend(args.attention), args.compile, args.deterministic)
 
 
 def placement_for(args: argparse.Namespace) -> Placement:
@@ -141,6 +156,7 @@ def _run_in_process(args: argparse.Namespace, trace: Trace, rec: Recorder, prese
         device,
         weights_seed=args.weights_seed,
         cpu_threads=placement_for(args).cpu_threads_per_worker,
+        kernels=kernels_for(args),
     )
     load_s = time.perf_counter() - t0
     replayer = TraceReplayer(trace)
@@ -169,7 +185,8 @@ def _run_in_process(args: argparse.Namespace, trace: Trace, rec: Recorder, prese
             )
     finally:
         session.close()
-    return {"engine": "in-process serial", "load_s": load_s, "stage_report": None}
+    peak = dataclasses.asdict(measure_peak_memory(device))
+    return {"engine": "in-process serial", "load_s": load_s, "stage_report": None, "peak_memory": {"in-process": peak}}
 
 
 def _run_pipeline(args: argparse.Namespace, trace: Trace, rec: Recorder, preset: ModelPreset) -> dict[str, Any]:
@@ -185,6 +202,7 @@ def _run_pipeline(args: argparse.Namespace, trace: Trace, rec: Recorder, preset:
         checkpoint_dir=args.checkpoint,
         weights_seed=args.weights_seed,
         synthetic=args._synthetic,
+        kernels=kernels_for(args),
     )
     t0 = time.perf_counter()
     engine.start()
@@ -248,6 +266,7 @@ def _run_pipeline(args: argparse.Namespace, trace: Trace, rec: Recorder, preset:
         "stage_report": report,
         "engine_counters": stats.get("counters"),
         "slots_in_use_after": {k: v["slots_in_use"] for k, v in stats.get("stages", {}).items()},
+        "peak_memory": {k: v["peak_memory"] for k, v in stats.get("stages", {}).items()},
     }
 
 
@@ -274,6 +293,10 @@ def _row(
         "decode_s": decode_s,
         "frames_ready_s": ready_s,
     }
+
+
+def _dit_device(args: argparse.Namespace) -> torch.device:
+    return torch.device(args.device) if args.in_process else placement_for(args).stage_devices("dit")[0]
 
 
 def _dit_idle_fraction(stage_report: dict[str, Any] | None, chunks: list[dict[str, Any]]) -> float | None:
@@ -341,6 +364,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "peak_rss_bytes": peak_rss_bytes(),
         "frames_sha256": rec.digest.hexdigest(),
         "intra_op_threads": placement_for(args).cpu_threads_per_worker,  # the hash holds for this count
+        "kernels": kernels_for(args).record(_dit_device(args)),
         "chunks": chunks,
         "environment": environment(torch.device(args.device if args.in_process else "cpu")),
         "request": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if not k.startswith("_")},

@@ -20,6 +20,7 @@ from server.dispatch import DispatchPolicy
 from server.lifecycle import serve
 from server.logs import configure_logging
 from server.settings import Settings
+from workers.models.attention import AttentionBackend
 from workers.models.presets import DEFAULT_PRESET
 from workers.runtime.placement import PlacementError
 
@@ -34,6 +35,9 @@ def parse_args(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--dispatch", choices=[d.value for d in DispatchPolicy], help="when chunks start (default jit)")
     p.add_argument("--placement", help="placement preset or .json (default cpu)")
     p.add_argument("--checkpoint-dir", help="checkpoint directory (default: the preset's built-in weights)")
+    p.add_argument("--attention", choices=[b.value for b in AttentionBackend], help="DiT attention kernel (auto)")
+    p.add_argument("--compile", action="store_true", default=None, help="torch.compile the DiT blocks at warm-up")
+    p.add_argument("--deterministic", action="store_true", default=None, help="deterministic algorithms (slower)")
     p.add_argument("--max-sessions", type=int, help="concurrent sessions (default 2)")
     p.add_argument("--fps", type=int, help="video frame rate (default: the model's, 16)")
     p.add_argument("--api-token", help="require this bearer token (mandatory off loopback)")

@@ -86,6 +86,7 @@ class AppState:
             checkpoint_dir=settings.checkpoint_dir,
             weights_seed=settings.weights_seed,
             synthetic=synthetic,
+            kernels=settings.kernels,
         )
         self.placement = placement
         self.fps = settings.fps or self.preset.fps  # sessions' default frame rate
@@ -335,6 +336,7 @@ def create_app(settings: Settings) -> FastAPI:
             "chunk_frames": chunk_num_frames(1, p.chunk_latent_frames),
             "placement": state.placement.name,
             "dispatch": settings.dispatch.value,
+            "kernels": settings.kernels.record(state.placement.stage_devices("dit")[0]),
             "controls": client_contract(),
             "limits": {
                 "control_message_bytes": MAX_CONTROL_MESSAGE_BYTES,

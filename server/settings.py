@@ -9,6 +9,8 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from server.dispatch import DispatchPolicy
+from workers.models.attention import AttentionBackend
+from workers.models.kernels import KernelConfig
 from workers.models.presets import DEFAULT_PRESET
 
 # Off loopback a session ends after 10 minutes unless the operator says otherwise: long enough to
@@ -29,6 +31,10 @@ class Settings(BaseSettings):
     placement: str = "cpu"
     checkpoint_dir: str | None = None
     weights_seed: int = 0
+    # DiT kernels (workers/models/kernels.py): attention backend, torch.compile, deterministic mode.
+    attention: AttentionBackend = AttentionBackend.AUTO
+    compile: bool = False
+    deterministic: bool = False
     max_sessions: int = Field(default=2, ge=1)
     fps: int | None = Field(default=None, ge=1, le=60)  # video frame rate; None: the model's
     dispatch: DispatchPolicy = DispatchPolicy.JIT  # when a viewer's next chunk starts (server/dispatch.py)
@@ -69,6 +75,10 @@ class Settings(BaseSettings):
     drain_timeout_s: float = Field(default=30.0, ge=0)
     stats_interval_s: float = 1.0
     closed_session_keep_s: float = 60.0  # a closed session stays visible to GET this long
+
+    @property
+    def kernels(self) -> KernelConfig:
+        return KernelConfig(self.attention, self.compile, self.deterministic)
 
     @field_validator("udp_port_max")
     @classmethod

@@ -25,6 +25,7 @@ from workers.images import fit_image, read_image, to_model_range
 from workers.models.camera import CameraMotion, CameraTrack
 from workers.models.components import load_dit, load_text_encoder, load_vae
 from workers.models.dit import WanDiT
+from workers.models.kernels import DEFAULT_KERNELS, KernelConfig, apply_to_dit, apply_to_process
 from workers.models.presets import ModelPreset, get_preset
 from workers.models.t5 import TextEncoder
 from workers.models.vae import WanVAE
@@ -122,17 +123,21 @@ class SerialEngine:
         device: str | torch.device = "cpu",
         weights_seed: int = 0,
         cpu_threads: int = DEFAULT_CPU_THREADS,
+        kernels: KernelConfig = DEFAULT_KERNELS,
     ) -> SerialEngine:
         """Build the engine. Without a checkpoint, components get seeded random weights.
 
         `cpu_threads`: torch intra-op threads for model code (the determinism contract's thread count).
+        `kernels`: attention backend, compile and deterministic mode (process-wide parts apply to
+        this process).
         """
         preset = get_preset(preset) if isinstance(preset, str) else preset
         dev = torch.device(device)
         ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        apply_to_process(kernels, dev)
         return SerialEngine(
             preset,
-            load_dit(preset, dev, ckpt, weights_seed),
+            apply_to_dit(load_dit(preset, dev, ckpt, weights_seed), kernels, dev),
             load_vae(preset, dev, ckpt, weights_seed),
             load_text_encoder(preset, dev, ckpt, weights_seed),
             dev,

@@ -43,6 +43,15 @@ def test_run_report_and_video(tmp_path, capsys) -> None:
     assert 0 < stats["p50"] <= stats["p90"] <= stats["p99"] <= stats["max"]
     assert report["first_frame_s"] > 0
     assert report["peak_rss_bytes"] > 0
+    assert report["kernels"] == {
+        "attention": "auto",
+        "attention_resolved": "auto",
+        "compile": False,
+        "deterministic": False,
+    }
+    peaks = report["peak_memory"]
+    assert set(peaks) == {"encode0", "dit0", "decode0"}  # one figure per worker
+    assert all(p["host_rss_bytes"] > 0 and p["device_allocated_bytes"] is None for p in peaks.values())
     assert re.fullmatch(r"[0-9a-f]{64}", report["frames_sha256"])
     assert report["environment"]["device"] == "cpu"
     assert report["request"]["chunks"] == 3 and report["request"]["seed"] == 0

@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from workers.models.attention import AttendFn, AttentionBackend, attention_fn
 from workers.models.kv_cache import LayerKVCache, SessionKVCache
 from workers.models.presets import DiTConfig
 from workers.models.rope import RopeTables, apply_rope
@@ -93,22 +94,30 @@ class SelfAttention(nn.Module):
         self.o = nn.Linear(dim, dim)
         self.norm_q = RMSNorm(dim, eps)
         self.norm_k = RMSNorm(dim, eps)
+        self.attention: AttendFn = attention_fn(AttentionBackend.AUTO)
 
-    def forward(
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, F, S, dim] -> q, k, v [B, F, S, heads, head_dim] in the weight dtype."""
+        heads = (*x.shape[:3], self.num_heads, self.head_dim)
+        # norm_q / norm_k normalise over the full dim (all heads), so they run before any head split.
+        q = self.norm_q(_linear(self.q, x)).view(heads)
+        k = self.norm_k(_linear(self.k, x)).view(heads)
+        v = _linear(self.v, x).view(heads)
+        return q, k, v
+
+    def attend(
         self,
-        x: torch.Tensor,  # [B, F, S, dim]; with sp, S is this rank's share of each frame
+        q: torch.Tensor,  # [B, F, S, heads, head_dim]; with sp, S is this rank's share of each frame
+        k: torch.Tensor,
+        v: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],  # tables for all F·S tokens of the chunk
         cache: LayerKVCache | None,  # with sp: this rank's heads only
         commit: bool,
         attn_mask: torch.Tensor | None,
         sp: SequenceParallel | None = None,
     ) -> torch.Tensor:
-        b, f, s, _ = x.shape
-        heads = (b, f, s, self.num_heads, self.head_dim)
-        # norm_q / norm_k normalise over the full dim (all heads), so they run before any head split.
-        q = self.norm_q(_linear(self.q, x)).view(heads)
-        k = self.norm_k(_linear(self.k, x)).view(heads)
-        v = _linear(self.v, x).view(heads)
+        """Rotary embedding, the KV cache and attention -> [B, F, S, dim] before the output projection."""
+        b, f, s = q.shape[:3]
         if sp is None:
             q, k, v = q.flatten(1, 2), k.flatten(1, 2), v.flatten(1, 2)  # [B, L, H, hd]
         else:
@@ -117,12 +126,9 @@ class SelfAttention(nn.Module):
         k = apply_rope(k, *rope)
         if cache is not None:
             k, v = cache.attend_window(k, v, commit)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask
-        ).transpose(1, 2)  # [B, L, heads, hd]
+        out = self.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask).transpose(1, 2)
         # With sp, back to this rank's tokens with all heads, [B, F, S/N, dim], for the output projection.
-        out = out.reshape(b, f, s, -1) if sp is None else sp.heads_to_tokens(out, f)
-        return _linear(self.o, out)
+        return out.reshape(b, f, s, -1) if sp is None else sp.heads_to_tokens(out, f)
 
 
 class CrossAttention(nn.Module):
@@ -136,6 +142,7 @@ class CrossAttention(nn.Module):
         self.o = nn.Linear(dim, dim)
         self.norm_q = RMSNorm(dim, eps)
         self.norm_k = RMSNorm(dim, eps)
+        self.attention: AttendFn = attention_fn(AttentionBackend.AUTO)
 
     def text_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-session K/V of the text, [B, heads, text_len, head_dim] each; computed once."""
@@ -147,7 +154,7 @@ class CrossAttention(nn.Module):
     def forward(self, x: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         b, length, _ = x.shape
         q = self.norm_q(_linear(self.q, x)).view(b, length, self.num_heads, self.head_dim)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), *kv)
+        out = self.attention(q.transpose(1, 2), *kv, None)
         return _linear(self.o, out.transpose(1, 2).flatten(2))
 
 
@@ -189,20 +196,45 @@ class DiTBlock(nn.Module):
         attn_mask: torch.Tensor | None,
         sp: SequenceParallel | None = None,
     ) -> torch.Tensor:
+        # Two stateless halves around the stateful middle (KV cache, sequence-parallel exchange),
+        # so `--compile` can compile the halves with fixed shapes while the middle stays eager.
+        q, k, v, mod = self.before_attention(x, e)
+        y = self.self_attn.attend(q, k, v, rope, cache, commit, attn_mask, sp)
+        return self.after_attention(x, y, mod, cam, text_kv)
+
+    def modulated_qkv(
+        self, x: torch.Tensor, e: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Timestep modulation, norm and q/k/v projections; also returns the modulation [B, F, 6, dim]."""
+        mod = self.modulation.unsqueeze(0).float() + e  # [B, F, 6, dim]
+        h = self.norm1(x) * (1 + mod[:, :, 1:2]) + mod[:, :, 0:1]
+        q, k, v = self.self_attn.project(h)
+        return q, k, v, mod
+
+    def residual_rest(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        mod: torch.Tensor,
+        cam: torch.Tensor | None,
+        text_kv: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """Self-attention output into the residual, camera modulation, cross-attention and FFN."""
         shape = x.shape
-        mod = (self.modulation.unsqueeze(0).float() + e).chunk(6, dim=2)  # 6 × [B, F, 1, dim]
-        h = self.norm1(x) * (1 + mod[1]) + mod[0]
-        y = self.self_attn(h, rope, cache, commit, attn_mask, sp)
-        x = x + y.float() * mod[2]
+        x = x + _linear(self.self_attn.o, y).float() * mod[:, :, 2:3]
         if cam is not None:
             scale, shift = self.camera_modulation(cam)
             x = (1.0 + scale) * x + shift
         y = self.cross_attn(self.norm3(x).flatten(1, 2), text_kv).view(shape)
         x = x + y.float()
-        h = self.norm2(x) * (1 + mod[4]) + mod[3]
+        h = self.norm2(x) * (1 + mod[:, :, 4:5]) + mod[:, :, 3:4]
         ffn_in, act, ffn_out = self.ffn  # Linear, GELU, Linear (checkpoint keys ffn.0 / ffn.2)
         y = _linear(ffn_out, act(_linear(ffn_in, h)))
-        return x + y.float() * mod[5]
+        return x + y.float() * mod[:, :, 5:6]
+
+    # Replaced by compiled versions under `--compile` (see workers/models/kernels.py).
+    before_attention = modulated_qkv
+    after_attention = residual_rest
 
 
 class Head(nn.Module):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from workers.models.camera import CameraTrack
 from workers.models.components import load_dit
+from workers.models.kernels import apply_to_dit
 from workers.models.presets import get_preset
 from workers.parallel.group import StageGroup
 from workers.parallel.ulysses import SequenceParallel
@@ -35,7 +36,7 @@ class DitHandler(StageHandler):
         super().__init__(spec, group)
         self.preset = get_preset(spec.preset)
         ckpt = Path(spec.checkpoint_dir) if spec.checkpoint_dir else None
-        self.dit = load_dit(self.preset, self.device, ckpt, weights_seed=spec.weights_seed)
+        self.dit = apply_to_dit(load_dit(self.preset, self.device, ckpt, spec.weights_seed), spec.kernels, self.device)
         self.sp = SequenceParallel(group) if group.is_multi_rank else None
         if self.sp is not None:
             self.sp.validate(self.preset.tokens_per_latent_frame, self.preset.dit.num_heads)

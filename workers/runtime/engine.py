@@ -22,6 +22,7 @@ end with an error. If a restart fails the engine is broken for good: `fatal_erro
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import multiprocessing as mp
 import os
@@ -38,6 +39,7 @@ import numpy as np
 import torch
 
 from workers.controls import ChunkControl
+from workers.models.kernels import DEFAULT_KERNELS, KernelConfig
 from workers.models.presets import ModelPreset, get_preset
 from workers.runtime.channel import ChannelConsumer
 from workers.runtime.messages import STAGES, QueryStats, Release, Reply, Shutdown, Stage, StageStats
@@ -79,6 +81,7 @@ class PipelineEngine:
         faults: dict[Stage, FaultSpec] | None = None,
         start_timeout_s: float = 300.0,
         deadlines: Deadlines | None = None,
+        kernels: KernelConfig = DEFAULT_KERNELS,
     ) -> None:
         try:
             plan = Schedule(schedule)
@@ -88,6 +91,9 @@ class PipelineEngine:
             raise ValueError("max_sessions must be at least 1")
         self.preset = get_preset(preset) if isinstance(preset, str) else preset
         placement.validate_for(self.preset)
+        for device in placement.stage_devices(Stage.DIT.value):
+            kernels.check(device)  # a kernel the DiT's device cannot run fails here, not in a worker
+        self.kernels = kernels
         self.placement = placement
         self.max_sessions = max_sessions
         devices = {s: placement.stage_devices(s.value) for s in STAGES}
@@ -108,6 +114,7 @@ class PipelineEngine:
                         parent_pid=os.getpid(),
                         cpu_threads=placement.cpu_threads_per_worker,
                         output_shards=len(devices[Stage.DECODE]) if s is Stage.DIT else 1,
+                        kernels=kernels,
                         synthetic=synthetic,
                         fault=(faults or {}).get(s),
                     )
@@ -442,6 +449,7 @@ class PipelineEngine:
                 "channel": msg.channel,
                 "slots_in_use": msg.slots_in_use,
                 "sessions": msg.sessions,
+                "peak_memory": dataclasses.asdict(msg.peak_memory),
             }
             if len(box["stages"]) == ranks:
                 done.set()

@@ -31,6 +31,7 @@ from workers.runtime.messages import (
     StageStats,
     TensorRef,
 )
+from workers.runtime.peak_memory import measure_peak_memory
 from workers.runtime.spec import WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ class StageHandler:
                 self.producer.stats() if self.producer else {},
                 self.producer.in_use() if self.producer else 0,
                 len(self.sessions),
+                measure_peak_memory(self.device),
             )
             return
         if isinstance(msg, CloseSession):

@@ -15,6 +15,7 @@ import numpy as np
 
 from workers.controls import ChunkControl
 from workers.runtime.channel import Ack, InlineTensor, SlotRef
+from workers.runtime.peak_memory import PeakMemory
 
 TensorRef = SlotRef | InlineTensor
 
@@ -158,6 +159,7 @@ class StageStats:
     channel: dict[str, int]
     slots_in_use: int
     sessions: int
+    peak_memory: PeakMemory
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from workers.determinism import DEFAULT_CPU_THREADS
+from workers.models.kernels import DEFAULT_KERNELS, KernelConfig
 from workers.runtime.messages import Stage
 from workers.runtime.synthetic import SyntheticModel
 
@@ -33,6 +34,7 @@ class WorkerSpec:
     dist_init: str | None = None  # rendezvous for multi-rank stages, e.g. "file:///tmp/…"
     cpu_threads: int = DEFAULT_CPU_THREADS
     output_shards: int = 1  # consumer ranks of this stage's output (decode ranks for the DiT's latents)
+    kernels: KernelConfig = DEFAULT_KERNELS  # attention backend, compile, deterministic
     frame_ring_slots: int = 4  # decode: chunks of uint8 frames the server may hold at once
     synthetic: SyntheticModel | None = None  # hold for fixed times instead of computing
     fault: FaultSpec | None = None

@@ -13,6 +13,7 @@ from multiprocessing.connection import Connection
 
 import torch
 
+from workers.models.kernels import apply_to_process
 from workers.parallel.group import destroy_stage_group, init_stage_group
 from workers.runtime.channel import remove_segments
 from workers.runtime.handlers import build_handler
@@ -35,6 +36,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
             torch.cuda.set_device(device)
         else:
             torch.set_num_threads(spec.cpu_threads)
+        apply_to_process(spec.kernels, device)
         group = init_stage_group(spec.dist_init or "", spec.rank, spec.world_size, device)
         handler = build_handler(spec, group)
         conn.send(WorkerReady(spec.stage, spec.rank, os.getpid(), spec.device, time.perf_counter() - t0))
