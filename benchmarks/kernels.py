@@ -27,7 +27,7 @@ import torch
 from benchmarks.stats import environment, summarize
 from workers.controls import ChunkControl
 from workers.determinism import frame_difference
-from workers.models.attention import AttentionBackend
+from workers.models.attention_backend import AttentionBackend
 from workers.models.kernels import KernelConfig
 from workers.models.presets import DEFAULT_PRESET, PRESETS, get_preset
 from workers.serial_engine import SerialEngine, SerialSession

@@ -39,9 +39,10 @@ from benchmarks.video import Mp4Writer
 from workers.chunk_geometry import chunk_first_frame, chunk_num_frames
 from workers.controls import ChunkControl
 from workers.images import fit_image, read_image
-from workers.models.attention import AttentionBackend
+from workers.models.attention_backend import AttentionBackend
 from workers.models.kernels import KernelConfig
 from workers.models.presets import DEFAULT_PRESET, PRESETS, ModelPreset
+from workers.runtime.memory_plan import machine_capacity, plan_memory
 from workers.runtime.peak_memory import measure_peak_memory
 from workers.runtime.placement import PLACEMENTS, Placement, get_placement
 from workers.runtime.synthetic import SYNTHETIC, resolve_model
@@ -267,6 +268,7 @@ def _run_pipeline(args: argparse.Namespace, trace: Trace, rec: Recorder, preset:
         "engine_counters": stats.get("counters"),
         "slots_in_use_after": {k: v["slots_in_use"] for k, v in stats.get("stages", {}).items()},
         "peak_memory": {k: v["peak_memory"] for k, v in stats.get("stages", {}).items()},
+        "memory_plan": None if args._synthetic else _planned_bytes(preset, placement, kernels_for(args)),
     }
 
 
@@ -293,6 +295,13 @@ def _row(
         "decode_s": decode_s,
         "frames_ready_s": ready_s,
     }
+
+
+def _planned_bytes(preset: ModelPreset, placement: Placement, kernels: KernelConfig) -> dict[str, int]:
+    """What the memory plan expects each worker to hold for this run's one session, to compare with
+    its measured peak (host resident set on CPU, allocated bytes on CUDA)."""
+    plan = plan_memory(preset, placement, 1, machine_capacity(), kernels)
+    return {w.name: w.total_bytes for d in plan.devices for w in d.workers}
 
 
 def _dit_device(args: argparse.Namespace) -> torch.device:

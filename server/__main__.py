@@ -12,17 +12,14 @@ import logging
 import os
 import sys
 
-import uvicorn
 from pydantic import ValidationError
 
-from server.app import create_app
 from server.dispatch import DispatchPolicy
-from server.lifecycle import serve
 from server.logs import configure_logging
 from server.settings import Settings
-from workers.models.attention import AttentionBackend
-from workers.models.presets import DEFAULT_PRESET
-from workers.runtime.placement import PlacementError
+from workers.models.attention_backend import AttentionBackend
+from workers.models.checkpoint_files import require_checkpoint
+from workers.models.presets import DEFAULT_PRESET, PRESETS
 
 
 def parse_args(argv: list[str] | None = None) -> dict[str, object]:
@@ -39,6 +36,8 @@ def parse_args(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the DiT blocks at warm-up")
     p.add_argument("--deterministic", action="store_true", default=None, help="deterministic algorithms (slower)")
     p.add_argument("--max-sessions", type=int, help="concurrent sessions (default 2)")
+    p.add_argument("--device-memory-gib", type=float, help="GPU memory the plan may use (default: the device's)")
+    p.add_argument("--host-memory-gib", type=float, help="host memory for CPU placements (default: available)")
     p.add_argument("--fps", type=int, help="video frame rate (default: the model's, 16)")
     p.add_argument("--api-token", help="require this bearer token (mandatory off loopback)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -54,8 +53,20 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(log_level, str(overrides.pop("_log_format")))
     try:
         settings = Settings(**overrides)  # type: ignore[arg-type]
+        if settings.model in PRESETS:
+            # Names only, before torch loads: a preset without its weights fails in a fraction of a second.
+            require_checkpoint(PRESETS[settings.model], settings.checkpoint_dir)
+    except (ValidationError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from server.app import create_app
+    from server.lifecycle import serve
+
+    try:
         app = create_app(settings)
-    except (ValidationError, PlacementError, ValueError) as exc:
+    except ValueError as exc:  # PlacementError included: placement, kernels, memory plan
         print(f"error: {exc}", file=sys.stderr)
         return 2
     state = app.state.worldrtc

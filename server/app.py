@@ -64,6 +64,7 @@ from workers.chunk_geometry import chunk_num_frames
 from workers.controls import client_contract
 from workers.images import ImageError, fit_image, read_image
 from workers.runtime.engine import PipelineEngine
+from workers.runtime.memory_plan import MemoryPlan, check_fits, machine_capacity
 from workers.runtime.placement import get_placement
 from workers.runtime.synthetic import resolve_model
 
@@ -77,6 +78,14 @@ class AppState:
         self.settings = settings
         self.preset, synthetic = resolve_model(settings.model, settings.stage_ms, settings.synthetic_geometry)
         placement = get_placement(settings.placement)
+        self.memory_plan: MemoryPlan | None = None
+        if synthetic is None:
+            # The same plan as `python -m workers.models plan`: a placement that cannot hold the model
+            # and max_sessions fails now, naming the device, the shortfall and what would fit.
+            capacity = machine_capacity(settings.device_memory_gib, settings.host_memory_gib)
+            self.memory_plan = check_fits(self.preset, placement, settings.max_sessions, capacity, settings.kernels)
+            for device in self.memory_plan.devices:
+                log.info("memory plan: %s", device.summary())
         # Constructing the engine validates the placement against the model: a bad one fails now.
         self.engine = PipelineEngine(
             self.preset,

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import ipaddress
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from server.dispatch import DispatchPolicy
-from workers.models.attention import AttentionBackend
-from workers.models.kernels import KernelConfig
+from workers.models.attention_backend import AttentionBackend
 from workers.models.presets import DEFAULT_PRESET
+
+if TYPE_CHECKING:
+    from workers.models.kernels import KernelConfig
 
 # Off loopback a session ends after 10 minutes unless the operator says otherwise: long enough to
 # walk through a world (a 14B chunk is 0.75 s, so 800 chunks), short enough that a queue of visitors
@@ -36,6 +38,10 @@ class Settings(BaseSettings):
     compile: bool = False
     deterministic: bool = False
     max_sessions: int = Field(default=2, ge=1)
+    # Memory the plan may use (workers/runtime/memory_plan.py): per GPU, and the host's for CPU
+    # placements. None: what the device reports, and the host's available memory.
+    device_memory_gib: float | None = Field(default=None, gt=0)
+    host_memory_gib: float | None = Field(default=None, gt=0)
     fps: int | None = Field(default=None, ge=1, le=60)  # video frame rate; None: the model's
     dispatch: DispatchPolicy = DispatchPolicy.JIT  # when a viewer's next chunk starts (server/dispatch.py)
     api_token: str | None = None
@@ -78,6 +84,8 @@ class Settings(BaseSettings):
 
     @property
     def kernels(self) -> KernelConfig:
+        from workers.models.kernels import KernelConfig  # torch: not needed to validate settings
+
         return KernelConfig(self.attention, self.compile, self.deterministic)
 
     @field_validator("udp_port_max")

@@ -23,6 +23,7 @@ from workers.controls import ChunkControl
 from workers.determinism import DEFAULT_CPU_THREADS, intra_op_threads
 from workers.images import fit_image, read_image, to_model_range
 from workers.models.camera import CameraMotion, CameraTrack
+from workers.models.checkpoint_files import require_checkpoint
 from workers.models.components import load_dit, load_text_encoder, load_vae
 from workers.models.dit import WanDiT
 from workers.models.kernels import DEFAULT_KERNELS, KernelConfig, apply_to_dit, apply_to_process
@@ -133,6 +134,7 @@ class SerialEngine:
         """
         preset = get_preset(preset) if isinstance(preset, str) else preset
         dev = torch.device(device)
+        require_checkpoint(preset, checkpoint_dir)
         ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
         apply_to_process(kernels, dev)
         return SerialEngine(

@@ -2,6 +2,7 @@
 
 python -m workers.models describe PRESET [--json]
 python -m workers.models verify PRESET --checkpoint DIR
+python -m workers.models plan PRESET --placement P --max-sessions N [--device-gib 80] [--json]
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+import torch
 
 from workers.models.components import meta_components, verify_checkpoint
 from workers.models.loading import KeyReport, state_shapes
@@ -48,8 +51,18 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("verify", help="check a checkpoint directory against a preset")
     v.add_argument("preset", choices=sorted(PRESETS))
     v.add_argument("--checkpoint", type=Path, required=True)
+    pl = sub.add_parser("plan", help="memory per worker and device for a placement (workers/runtime/memory_plan.py)")
+    pl.add_argument("preset", choices=sorted(PRESETS))
+    pl.add_argument("--placement", default="cpu", help="a named placement or a placement .json")
+    pl.add_argument("--max-sessions", type=int, default=1)
+    pl.add_argument("--device-gib", type=float, default=None, help="GiB per GPU (default: this machine's, else 80)")
+    pl.add_argument("--host-gib", type=float, default=None, help="host memory for CPU placements (default: available)")
+    pl.add_argument("--attention", default="auto", help="attention backend (math counts its score matrix)")
+    pl.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = parser.parse_args(argv)
 
+    if args.command == "plan":
+        return _plan(args)
     if args.command == "describe":
         info = describe(args.preset)
         if args.json:
@@ -73,6 +86,38 @@ def main(argv: list[str] | None = None) -> int:
             print(result.describe(component) if isinstance(result, KeyReport) else f"{component}: {result}")
     print("checkpoint matches the preset" if ok else "checkpoint does NOT match the preset")
     return 0 if ok else 1
+
+
+def _plan(args: argparse.Namespace) -> int:
+    # The plan needs placements, which live in the runtime layer; this CLI is their one meeting point.
+    from workers.models.attention_backend import AttentionBackend
+    from workers.models.kernels import KernelConfig
+    from workers.runtime.memory_plan import DEFAULT_DEVICE_GIB, machine_capacity, placements_that_fit, plan_memory
+    from workers.runtime.placement import PlacementError, get_placement
+
+    try:
+        placement = get_placement(args.placement)
+        preset = get_preset(args.preset)
+        placement.validate_for(preset, cuda_device_count=64)  # planning for any machine: GPUs are not counted
+        kernels = KernelConfig(attention=AttentionBackend(args.attention))
+        if args.max_sessions < 1:
+            raise ValueError("--max-sessions must be at least 1")
+    except (PlacementError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    device_gib = args.device_gib
+    if device_gib is None and not torch.cuda.is_available():
+        device_gib = DEFAULT_DEVICE_GIB  # no GPU here: plan for the common 80 GB card
+    capacity = machine_capacity(device_gib, args.host_gib)
+    plan = plan_memory(preset, placement, args.max_sessions, capacity, kernels)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=1, default=str))
+    else:
+        print(plan.describe())
+        if not plan.fits:
+            fit = placements_that_fit(preset, args.max_sessions, capacity, kernels, cuda_device_count=64)
+            print("placements that fit: " + (", ".join(f"{p} ({k} session(s))" for p, k in fit) or "none"))
+    return 0 if plan.fits else 1
 
 
 if __name__ == "__main__":

@@ -14,21 +14,12 @@ from __future__ import annotations
 import functools
 import importlib.util
 from collections.abc import Callable
-from enum import StrEnum
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-
-class AttentionBackend(StrEnum):
-    AUTO = "auto"
-    FLASH = "flash"  # FlashAttention-2 inside PyTorch (CUDA; a CPU flash kernel on the host)
-    CUDNN = "cudnn"
-    EFFICIENT = "efficient"  # memory-efficient (xFormers-style) kernel
-    MATH = "math"  # the reference: plain matmuls and softmax
-    FA3 = "fa3"  # FlashAttention 3 (Hopper), when installed
-
+from workers.models.attention_backend import CPU_BACKENDS, AttentionBackend
 
 _SDPA: dict[AttentionBackend, SDPBackend] = {
     AttentionBackend.FLASH: SDPBackend.FLASH_ATTENTION,
@@ -36,7 +27,6 @@ _SDPA: dict[AttentionBackend, SDPBackend] = {
     AttentionBackend.EFFICIENT: SDPBackend.EFFICIENT_ATTENTION,
     AttentionBackend.MATH: SDPBackend.MATH,
 }
-CPU_BACKENDS = frozenset({AttentionBackend.AUTO, AttentionBackend.FLASH, AttentionBackend.MATH})
 
 
 @functools.cache

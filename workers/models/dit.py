@@ -24,7 +24,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from workers.models.attention import AttendFn, AttentionBackend, attention_fn
+from workers.models.attention import AttendFn, attention_fn
+from workers.models.attention_backend import AttentionBackend
 from workers.models.kv_cache import LayerKVCache, SessionKVCache
 from workers.models.presets import DiTConfig
 from workers.models.rope import RopeTables, apply_rope

@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from workers.models.attention import AttentionBackend, attention_fn, check_backend, resolve
+from workers.models.attention import attention_fn, check_backend, resolve
+from workers.models.attention_backend import AttentionBackend
 from workers.models.dit import WanDiT
 
 

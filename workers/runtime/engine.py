@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from workers.controls import ChunkControl
+from workers.models.checkpoint_files import require_checkpoint
 from workers.models.kernels import DEFAULT_KERNELS, KernelConfig
 from workers.models.presets import ModelPreset, get_preset
 from workers.runtime.channel import ChannelConsumer
@@ -91,6 +92,8 @@ class PipelineEngine:
             raise ValueError("max_sessions must be at least 1")
         self.preset = get_preset(preset) if isinstance(preset, str) else preset
         placement.validate_for(self.preset)
+        if synthetic is None:
+            require_checkpoint(self.preset, checkpoint_dir)  # before any worker builds anything
         for device in placement.stage_devices(Stage.DIT.value):
             kernels.check(device)  # a kernel the DiT's device cannot run fails here, not in a worker
         self.kernels = kernels

@@ -11,7 +11,8 @@ from torch._dynamo.utils import counters
 
 from benchmarks.kernels import Variant, run
 from server.settings import Settings
-from workers.models.attention import AttentionBackend, fa3_installed
+from workers.models.attention import fa3_installed
+from workers.models.attention_backend import AttentionBackend
 from workers.models.components import load_dit
 from workers.models.kernels import KernelConfig, apply_to_dit, apply_to_process
 from workers.models.presets import get_preset

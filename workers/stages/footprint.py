@@ -1,0 +1,179 @@
+"""What each model component needs in memory, measured by tracing it on the `meta` device.
+
+For a preset at its own geometry and the stage's dtype, per component:
+- `weights_bytes`: parameters and buffers;
+- `session_bytes`: what one open session keeps between chunks (the DiT's KV cache, text K/V and
+  RoPE tables; the VAE's causal conv caches, of the encoder or the decoder);
+- `peak_bytes`: what one chunk allocates on top while it runs (activations).
+
+The chunk and session figures come from running the real stage code on `meta` under `LiveBytes`
+(workers/models/live_bytes.py), not from formulas, so they follow the code as it changes. Two
+shortcuts keep a trace of the 14B model under a second: every DiT block is the same, so a 1-layer
+DiT is traced and the per-layer session state (KV cache and text K/V, computed exactly from their
+shapes) scaled to the preset's layer count; and unless the attention backend is `math`, attention
+is traced by a stand-in that allocates what a FlashAttention-class kernel does (its output and a
+float32 log-sum-exp per query), since on `meta` PyTorch would pick the math kernel and count an
+L × L score matrix that flash kernels never build.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+import torch
+
+from workers.chunk_geometry import video_frames
+from workers.determinism import intra_op_threads
+from workers.models.dit import WanDiT
+from workers.models.live_bytes import LiveBytes
+from workers.models.loading import build_on_meta
+from workers.models.presets import ModelPreset
+from workers.models.t5 import UMT5Encoder
+from workers.models.vae import WanVAE
+from workers.stages.denoise import DenoiseSession
+
+META = torch.device("meta")
+# Below this many weight bytes a component is traced on the CPU with real (uninitialised) tensors:
+# small shapes run faster there than through meta's Python shape functions, and the bytes counted
+# are the same.
+REAL_TRACE_MAX_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class Footprint:
+    weights_bytes: int
+    session_bytes: int  # kept per open session between chunks
+    peak_bytes: int  # allocated on top while one chunk (or one prompt) runs
+
+
+@dataclass(frozen=True)
+class DiTFootprint(Footprint):
+    kv_cache_bytes: int  # part of session_bytes: every layer's K and V window, all heads
+    text_kv_bytes: int  # part of session_bytes: every layer's cross-attention K/V of the prompt
+
+
+def _module_bytes(module: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
+
+
+M = TypeVar("M", bound=torch.nn.Module)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _for_tracing(module: M, dtype: torch.dtype) -> tuple[M, torch.device]:
+    """`module` (built on meta) in `dtype`, on the device it is traced on (see REAL_TRACE_MAX_BYTES)."""
+    module = module.to(dtype).eval()
+    if _module_bytes(module) > REAL_TRACE_MAX_BYTES:
+        return module, META
+    module = module.to_empty(device="cpu")
+    with torch.no_grad():
+        for t in (*module.parameters(), *module.buffers()):
+            t.zero_()  # defined values: no NaN or denormal slows the trace
+    return module, torch.device("cpu")
+
+
+def _flash_stand_in(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Allocates what a flash kernel does: the output, and the log-sum-exp it keeps per query."""
+    torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    return torch.empty_like(q)
+
+
+def _one_thread(fn: F) -> F:
+    """Trace at one intra-op thread: the shapes are small or absent, and a server's other threads
+    (or a busy machine) would otherwise make the thread pool spin far longer than the work takes."""
+
+    @functools.wraps(fn)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        with intra_op_threads(1):
+            return fn(*args, **kwargs)
+
+    return cast(F, traced)
+
+
+@functools.cache
+@_one_thread
+def dit_footprint(preset: ModelPreset, dtype: torch.dtype, math_attention: bool = False) -> DiTFootprint:
+    cfg = preset.dit
+    one_layer = dataclasses.replace(preset, dit=dataclasses.replace(cfg, num_layers=1))
+    dit, dev = _for_tracing(cast(WanDiT, build_on_meta(lambda: WanDiT(one_layer.dit))), dtype)
+    if not math_attention:
+        for block in dit.block_list:
+            block.self_attn.attention = _flash_stand_in
+            block.cross_attn.attention = _flash_stand_in
+    chunk = preset.chunk_latent_frames
+    size = torch.empty((), dtype=dtype).element_size()
+    window = cfg.local_attn_size_frames if cfg.local_attn_size_frames != -1 else 2 * chunk
+    kv_layer = 2 * window * preset.tokens_per_latent_frame * cfg.dim * size
+    text_layer = 2 * cfg.text_len * cfg.dim * size
+
+    opened = LiveBytes()
+    with opened:
+        session = DenoiseSession(dit, one_layer, [torch.zeros(cfg.text_len, cfg.text_dim, device=dev)], 0, chunk)
+    cond = torch.zeros(1, 20, chunk, preset.latent_height, preset.latent_width, device=dev)
+    poses = torch.eye(4, dtype=torch.float64, device=dev).repeat(chunk, 1, 1)
+    peak, kept = 0, 0
+    # Until the window rolls: the roll's shift of the cache is the largest transient of a session.
+    for _ in range(window // chunk + 2):
+        run = LiveBytes()
+        with run:
+            session.run_chunk(cond, poses)
+        peak = max(peak, run.peak_bytes)
+        kept = max(kept, run.live_bytes)  # tables the session keeps for its next chunk
+    fixed = opened.live_bytes - kv_layer - text_layer  # RoPE tables, ray directions, …
+    kv, text = cfg.num_layers * kv_layer, cfg.num_layers * text_layer
+    full = build_on_meta(lambda: WanDiT(cfg))
+    return DiTFootprint(
+        weights_bytes=sum(p.numel() for p in full.parameters()) * size,
+        session_bytes=kv + text + fixed + kept,
+        peak_bytes=peak,
+        kv_cache_bytes=kv,
+        text_kv_bytes=text,
+    )
+
+
+@functools.cache
+@_one_thread
+def vae_footprints(preset: ModelPreset, dtype: torch.dtype) -> tuple[Footprint, Footprint]:
+    """(encode, decode): one VAE's weights, with each direction's stream state and chunk peak."""
+    vae, dev = _for_tracing(cast(WanVAE, build_on_meta(lambda: WanVAE(preset.vae))), dtype)
+    weights = _module_bytes(vae)
+    chunk, (h, w) = preset.chunk_latent_frames, (preset.height_px, preset.width_px)
+    state = vae.new_stream_state()
+    enc_peak = 0
+    with torch.no_grad():
+        for first in (True, False):
+            run = LiveBytes()
+            with run:
+                video = torch.zeros(1, 3, video_frames(chunk, first), h, w, device=dev)
+                vae.encode_stream(video, state)
+                del video
+            enc_peak = max(enc_peak, run.peak_bytes)
+        enc_state = _cache_bytes(state.encoder_cache)
+        dec_peak = 0
+        latent = torch.zeros(1, preset.vae.z_dim, 1, preset.latent_height, preset.latent_width, device=dev)
+        for _ in range(3):  # the first latent frame, then the steady ones (cache full)
+            run = LiveBytes()
+            with run:
+                vae.decode_stream(latent, state)
+            dec_peak = max(dec_peak, run.peak_bytes)
+        dec_state = _cache_bytes(state.decoder_cache)
+    return Footprint(weights, enc_state, enc_peak), Footprint(weights, dec_state, dec_peak)
+
+
+@functools.cache
+@_one_thread
+def text_encoder_footprint(preset: ModelPreset, dtype: torch.dtype) -> Footprint:
+    t5, dev = _for_tracing(build_on_meta(lambda: UMT5Encoder(preset.t5)), dtype)
+    ids = torch.zeros(1, preset.t5.text_len, dtype=torch.long, device=dev)
+    run = LiveBytes()
+    with torch.no_grad(), run:
+        t5(ids, torch.ones_like(ids))
+    return Footprint(_module_bytes(t5), 0, run.peak_bytes)
+
+
+def _cache_bytes(cache: Sequence[object]) -> int:
+    return sum(c.numel() * c.element_size() for c in cache if isinstance(c, torch.Tensor))
