@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from safetensors import SafetensorError
 
 from workers.models import loading
 from workers.models.dit import WanDiT
@@ -54,15 +53,15 @@ def _materialize(
     factory: Callable[[], nn.Module],
     dtype: torch.dtype,
     device: torch.device,
-    read_state: Callable[[], dict[str, torch.Tensor]] | None,
+    source: loading.TensorSource | None,
     seed: int,
 ) -> nn.Module:
-    """Build on meta, then either load the checkpoint strictly or fill seeded random weights."""
+    """Build on meta, then either stream the checkpoint in strictly or fill seeded random weights."""
     model = loading.build_on_meta(factory)
-    if read_state is None:
+    if source is None:
         model = loading.materialize_random(model, lambda m: init_random_weights(m, seed), dtype, device)
     else:
-        model = loading.load_strict(component, model, read_state(), dtype, device)
+        model = loading.load_strict(component, model, source, dtype, device)
     return model.eval().requires_grad_(False)
 
 
@@ -70,50 +69,53 @@ def _materialize(
 SEED_OFFSETS = {"dit": 0, "vae": 1, "t5": 2}
 
 
-def load_dit(preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, weights_seed: int = 0) -> WanDiT:
+def load_dit(
+    preset: ModelPreset,
+    device: torch.device,
+    checkpoint_dir: Path | None,
+    weights_seed: int = 0,
+    dtype: torch.dtype | None = None,
+) -> WanDiT:
+    """The DiT in `dtype` (default: the device's precision policy)."""
     checkpoint_dir = loading.checkpoint_dir_for(preset, checkpoint_dir)
-    # safetensors can read straight into GPU memory; elsewhere read to host memory.
-    target = device if device.type == "cuda" else torch.device("cpu")
-    reader = None if checkpoint_dir is None else (lambda: loading.read_dit_state(checkpoint_dir, target))
-    dtype = Precision.for_device(device).dit
+    source = None if checkpoint_dir is None else loading.dit_source(checkpoint_dir)
+    dtype = Precision.for_device(device).dit if dtype is None else dtype
     seed = weights_seed + SEED_OFFSETS["dit"]
-    return _materialize("DiT", lambda: WanDiT(preset.dit), dtype, device, reader, seed)  # type: ignore[return-value]
+    return _materialize("DiT", lambda: WanDiT(preset.dit), dtype, device, source, seed)  # type: ignore[return-value]
 
 
 def load_vae(preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, weights_seed: int = 0) -> WanVAE:
     checkpoint_dir = loading.checkpoint_dir_for(preset, checkpoint_dir)
-    reader = None
+    source = None
     if checkpoint_dir is not None:
-        path = loading.component_file(checkpoint_dir, loading.VAE_FILE, loading.VAE_SAFETENSORS)
-        reader = lambda: loading.read_pth(path)  # noqa: E731
+        source = loading.component_source(checkpoint_dir, loading.VAE_FILE, loading.VAE_SAFETENSORS)
     dtype = Precision.for_device(device).vae
     seed = weights_seed + SEED_OFFSETS["vae"]
-    return _materialize("VAE", lambda: WanVAE(preset.vae), dtype, device, reader, seed)  # type: ignore[return-value]
+    return _materialize("VAE", lambda: WanVAE(preset.vae), dtype, device, source, seed)  # type: ignore[return-value]
 
 
 def load_text_encoder(
     preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, weights_seed: int = 0
 ) -> TextEncoder:
     checkpoint_dir = loading.checkpoint_dir_for(preset, checkpoint_dir)
-    reader = None
+    source = None
     if checkpoint_dir is not None:
-        path = loading.component_file(checkpoint_dir, loading.T5_FILE, loading.T5_SAFETENSORS)
-        reader = lambda: loading.read_pth(path)  # noqa: E731
+        source = loading.component_source(checkpoint_dir, loading.T5_FILE, loading.T5_SAFETENSORS)
     dtype = Precision.for_device(device).t5
     seed = weights_seed + SEED_OFFSETS["t5"]
-    model = _materialize("umT5", lambda: UMT5Encoder(preset.t5), dtype, device, reader, seed)
+    model = _materialize("umT5", lambda: UMT5Encoder(preset.t5), dtype, device, source, seed)
     return TextEncoder(model, load_tokenizer(preset.t5, checkpoint_dir))  # type: ignore[arg-type]
 
 
 def verify_checkpoint(preset: ModelPreset, checkpoint_dir: Path) -> dict[str, loading.KeyReport | str]:
-    """Check a checkpoint directory against a preset without loading weights into models."""
+    """Check a checkpoint directory against a preset from the files' headers, reading no weights."""
     meta = meta_components(preset)
     results: dict[str, loading.KeyReport | str] = {}
     try:
         results["dit"] = loading.compare_shapes(
             loading.state_shapes(meta["dit"]), loading.read_dit_shapes(checkpoint_dir)
         )
-    except (OSError, ValueError, KeyError, SafetensorError) as exc:  # missing, corrupt or truncated files
+    except (OSError, ValueError, KeyError) as exc:  # missing, corrupt or truncated files
         results["dit"] = f"unreadable DiT weights: {exc}"
 
     for name, pth, st in (
@@ -121,11 +123,9 @@ def verify_checkpoint(preset: ModelPreset, checkpoint_dir: Path) -> dict[str, lo
         ("t5", loading.T5_FILE, loading.T5_SAFETENSORS),
     ):
         try:
-            found = {
-                k: tuple(v.shape) for k, v in loading.read_pth(loading.component_file(checkpoint_dir, pth, st)).items()
-            }
+            found = loading.component_source(checkpoint_dir, pth, st).shapes()
             results[name] = loading.compare_shapes(loading.state_shapes(meta[name]), found)
-        except (FileNotFoundError, RuntimeError, loading.CheckpointError, SafetensorError) as exc:
+        except (FileNotFoundError, RuntimeError, loading.CheckpointError) as exc:
             results[name] = str(exc)
     tok = checkpoint_dir / loading.TOKENIZER_DIR / "tokenizer.json"
     if preset.t5.tokenizer == "umt5" and not tok.is_file():

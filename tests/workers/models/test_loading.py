@@ -1,15 +1,23 @@
-"""Strict checkpoint loading: the released layout round-trips bit-exactly; every mismatch is named."""
+"""Strict checkpoint loading: the released layout round-trips bit-exactly; every mismatch is named;
+weights stream in one source tensor at a time."""
 
 from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 
 from workers.controls import ChunkControl
 from workers.models import components, loading
+from workers.models.dit import WanDiT
 from workers.models.presets import TINY
+from workers.models.vae import WanVAE
 from workers.serial_engine import SerialEngine
 
 CPU = torch.device("cpu")
@@ -260,3 +268,180 @@ def test_key_report_describe_truncates_long_lists() -> None:
     assert "k20" not in text
     assert sum(line.startswith("  mis-shaped ") for line in lines) == 20
     assert lines[-1] == "  … and 3 more mis-shaped keys"
+
+
+# ---- streaming: one source tensor at a time ----
+
+
+class SpySource:
+    """Test double around a real `loading.TensorSource`: passes its tensors through and, each time the
+    loader asks for the next one (so before that one is read), counts how many of the tensors passed
+    so far are still alive. It holds them by weak reference only and yields without keeping a
+    reference in its own frame, so whatever keeps one alive is the loader or the reader."""
+
+    def __init__(self, inner: loading.TensorSource) -> None:
+        self.inner = inner
+        self.alive_before_read: list[int] = []
+        self.refs: list[weakref.ref[torch.Tensor]] = []
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return self.inner.shapes()
+
+    def _passed(self, item: tuple[str, torch.Tensor]) -> tuple[str, torch.Tensor]:
+        self.refs.append(weakref.ref(item[1]))
+        return item
+
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        inner = self.inner.tensors()
+        while True:
+            self.alive_before_read.append(sum(ref() is not None for ref in self.refs))
+            try:
+                yield self._passed(next(inner))
+            except StopIteration:
+                return
+
+
+class RetainingSource:
+    """Test double around a real `loading.TensorSource` that keeps every tensor it passes on, so that
+    a test can check afterwards that no loaded weight shares memory with one."""
+
+    def __init__(self, inner: loading.TensorSource) -> None:
+        self.inner = inner
+        self.kept: list[torch.Tensor] = []
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return self.inner.shapes()
+
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for key, tensor in self.inner.tensors():
+            self.kept.append(tensor)
+            yield key, tensor
+
+
+def _sources(ckpt: Path) -> dict[str, tuple[type[torch.nn.Module], object, loading.TensorSource]]:
+    """The tiny DiT (safetensors shards) and VAE (.pth) with their configs and sources."""
+    return {
+        "dit": (WanDiT, TINY.dit, loading.dit_source(ckpt)),
+        "vae": (WanVAE, TINY.vae, loading.component_source(ckpt, loading.VAE_FILE, loading.VAE_SAFETENSORS)),
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_streamed_fp32_checkpoint_loads_as_the_saved_tensors_cast(tiny_checkpoint, dtype) -> None:
+    dit = components.load_dit(TINY, CPU, tiny_checkpoint.path, dtype=dtype)
+    state = dit.state_dict()
+    assert set(state) == set(tiny_checkpoint.dit)
+    for key, saved in tiny_checkpoint.dit.items():
+        assert saved.dtype == torch.float32
+        assert state[key].dtype == dtype, key
+        assert torch.equal(state[key], saved.to(dtype)), f"{key} differs from the saved tensor cast"
+    for key, t in list(dit.named_parameters()) + list(dit.named_buffers()):
+        assert t.device == CPU and not t.is_meta and not t.requires_grad, key
+
+
+@pytest.mark.parametrize("component", ["dit", "vae"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_at_most_one_source_tensor_is_alive_during_the_load(tiny_checkpoint, component, dtype) -> None:
+    cls, config, source = _sources(tiny_checkpoint.path)[component]
+    spy = SpySource(source)
+    module = loading.build_on_meta(lambda: cls(config))
+    loading.load_strict(component, module, spy, dtype, CPU)
+    assert len(spy.refs) == len(module.state_dict()), "every tensor went through the spy"
+    # Whenever a tensor was about to be read, every one read before it was gone: the loader drops a
+    # source before asking for the next, the reader keeps none, and the weights are copies.
+    assert spy.alive_before_read == [0] * (len(spy.refs) + 1)
+    assert all(ref() is None for ref in spy.refs)
+
+
+@pytest.mark.parametrize("component", ["dit", "vae"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_loaded_weights_share_no_memory_with_the_source_tensors(tiny_checkpoint, component, dtype) -> None:
+    cls, config, source = _sources(tiny_checkpoint.path)[component]
+    retaining = RetainingSource(source)
+    module = loading.load_strict(component, loading.build_on_meta(lambda: cls(config)), retaining, dtype, CPU)
+    source_ptrs = {t.untyped_storage().data_ptr() for t in retaining.kept}
+    weight_ptrs = [t.untyped_storage().data_ptr() for t in module.state_dict().values()]
+    assert len(set(weight_ptrs)) == len(weight_ptrs), "two weights share one buffer"
+    assert source_ptrs.isdisjoint(weight_ptrs), "a weight aliases a reader buffer or a file mapping"
+
+
+def test_a_mismatch_is_reported_whole_before_any_tensor_is_read(tmp_path, tiny_checkpoint) -> None:
+    ckpt = tiny_checkpoint.copy_to(tmp_path / "ckpt")
+
+    def break_it(state: dict[str, torch.Tensor]) -> None:
+        state.pop("head.head.weight")
+        state["head.extra"] = torch.zeros(2)
+        state["head.modulation"] = torch.zeros(3, 3)
+
+    tiny_checkpoint.edit_shard(ckpt, SHARD_2, break_it)
+    spy = SpySource(loading.dit_source(ckpt))
+    with pytest.raises(loading.CheckpointError) as info:
+        loading.load_strict("DiT", loading.build_on_meta(lambda: WanDiT(TINY.dit)), spy, torch.bfloat16, CPU)
+    message = str(info.value)
+    assert "1 missing key(s): head.head.weight" in message
+    assert "1 unexpected key(s): head.extra" in message
+    assert "mis-shaped head.modulation: expected" in message and "found [3, 3]" in message
+    assert spy.refs == [] and spy.alive_before_read == [], "the shapes come from the headers: no tensor is read"
+
+
+def test_header_reader_agrees_with_the_safetensors_library(tiny_checkpoint) -> None:
+    for shard in loading.dit_shards(tiny_checkpoint.path):
+        entries = loading.read_safetensors_header(shard)
+        assert [e.begin for e in entries] == sorted(e.begin for e in entries)
+        with safe_open(str(shard), framework="pt") as f:
+            assert {e.key for e in entries} == set(f.keys())
+            for e in entries:
+                want = f.get_tensor(e.key)
+                assert (e.shape, e.dtype, e.nbytes) == (tuple(want.shape), want.dtype, want.nbytes)
+
+
+# ---- unreadable files are named ----
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 1000])  # inside the last tensor's data
+
+
+def _garble_header(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[8:16] = b"\xff" * 8  # not UTF-8, so not JSON
+    path.write_bytes(bytes(data))
+
+
+def _not_safetensors(path: Path) -> None:
+    path.write_bytes(b"not a safetensors file" * 4)
+
+
+@pytest.mark.parametrize("damage", [_truncate, _garble_header, _not_safetensors])
+def test_a_corrupt_dit_shard_is_named(tmp_path, tiny_checkpoint, damage) -> None:
+    ckpt = tiny_checkpoint.copy_to(tmp_path / "ckpt")
+    shard = ckpt / loading.DIT_SUBDIR / SHARD_2
+    damage(shard)
+    with pytest.raises(loading.CheckpointError, match="cannot read") as info:
+        components.load_dit(TINY, CPU, ckpt, dtype=torch.bfloat16)
+    assert str(shard) in str(info.value)
+    assert str(shard) in str(components.verify_checkpoint(TINY, ckpt)["dit"])
+
+
+def test_a_corrupt_safetensors_component_file_is_named(tmp_path, tiny_checkpoint) -> None:
+    ckpt = tiny_checkpoint.copy_to(tmp_path / "ckpt")
+    path = ckpt / loading.VAE_SAFETENSORS
+    save_file({k: v.contiguous() for k, v in tiny_checkpoint.vae.items()}, str(path))
+    _assert_state_equal(components.load_vae(TINY, CPU, ckpt), tiny_checkpoint.vae)  # safetensors is preferred
+    _truncate(path)
+    with pytest.raises(loading.CheckpointError, match="truncated") as info:
+        components.load_vae(TINY, CPU, ckpt)
+    assert str(path) in str(info.value)
+
+
+def test_a_key_stored_in_two_shards_is_named_with_both(tmp_path, tiny_checkpoint) -> None:
+    ckpt = tiny_checkpoint.copy_to(tmp_path / "ckpt")
+    key = "head.head.bias"
+    assert _shard_of(tiny_checkpoint, key) == SHARD_2
+    tiny_checkpoint.edit_shard(
+        ckpt, "model-00001-of-00002.safetensors", lambda state: state.update({key: tiny_checkpoint.dit[key]})
+    )
+    with pytest.raises(loading.CheckpointError, match="stored twice") as info:
+        components.load_dit(TINY, CPU, ckpt)
+    assert "model-00001-of-00002.safetensors" in str(info.value) and SHARD_2 in str(info.value)
