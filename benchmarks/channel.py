@@ -1,6 +1,7 @@
 """Tensor transport between two processes: the tensor channel vs plain queues vs a one-process memcpy.
 
     python -m benchmarks.channel [--json] [--sizes-mib 4,19] [--iters 50] [--device cpu|cuda] [--threads 1]
+                                 [--consumer-device cuda:1]
 
 Each float32 tensor goes from this process (producer) to a spawned consumer process:
 - channel: put() into a slot → SlotRef over a Pipe → consumer get(copy=True) → Ack back over the Pipe
@@ -64,6 +65,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=50, help="timed messages per method and size")
     p.add_argument("--warmup", type=int, default=5, help="untimed messages first (slot allocation, page faults)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where tensors live")
+    p.add_argument(
+        "--consumer-device",
+        default=None,
+        help="where the consumer reads to, e.g. cuda:1 for a cross-device channel (default: --device)",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads per process (workers default to 1)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     args = p.parse_args(argv)
@@ -77,6 +83,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--iters and --threads must be ≥ 1, --warmup ≥ 0")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: CUDA is not available")
+    consumer = torch.device(args.consumer_device or args.device)
+    if consumer.type == "cuda" and (consumer.index or 0) >= torch.cuda.device_count():
+        p.error(f"--consumer-device {consumer}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return args
 
 
@@ -85,7 +94,7 @@ def log(msg: str) -> None:
 
 
 def device_of(name: str) -> torch.device:
-    return torch.device("cuda", 0) if name == "cuda" else torch.device("cpu")
+    return torch.device("cuda", 0) if name == "cuda" else torch.device(name)
 
 
 def sync(device: torch.device) -> None:
@@ -139,13 +148,19 @@ def consumer_main(conn: Connection, queue: Any, method: str, device_name: str, t
 
 
 def run_method(
-    method: str, sizes_mib: list[float], iters: int, warmup: int, device: torch.device, threads: int
+    method: str,
+    sizes_mib: list[float],
+    iters: int,
+    warmup: int,
+    device: torch.device,
+    threads: int,
+    consumer_device: torch.device,
 ) -> dict[str, Any]:
     """One consumer process for all sizes of one method. Returns {size: figures}."""
     ctx = torch_mp.get_context("spawn") if method == "torch_queue" else mp.get_context("spawn")
     parent, child = ctx.Pipe()
     queue = None if method.startswith("channel") else ctx.Queue()
-    proc = ctx.Process(target=consumer_main, args=(child, queue, method, device.type, threads), daemon=True)
+    proc = ctx.Process(target=consumer_main, args=(child, queue, method, str(consumer_device), threads), daemon=True)
     proc.start()
     child.close()
     producer = ChannelProducer("bench", device, slots_per_profile=STREAM_WINDOW) if queue is None else None
@@ -342,15 +357,17 @@ def print_table(report: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     device = device_of(args.device)
+    consumer = device_of(args.consumer_device or args.device)
     torch.set_num_threads(args.threads)
     results: dict[str, dict[str, Any]] = {}
     for method in METHODS:
         log(f"{method}: spawning the consumer")
-        results[method] = run_method(method, args.sizes, args.iters, args.warmup, device, args.threads)
+        results[method] = run_method(method, args.sizes, args.iters, args.warmup, device, args.threads, consumer)
     results["memcpy"] = run_memcpy(args.sizes, args.iters, args.warmup, device)
     report: dict[str, Any] = {
         "benchmark": "channel",
         "device": str(device),
+        "consumer_device": str(consumer),
         "sizes_mib": args.sizes,
         "iters": args.iters,
         "threads": args.threads,

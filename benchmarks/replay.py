@@ -92,6 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--deterministic", action="store_true", help="deterministic algorithms (regression runs)")
     p.add_argument("--out", type=Path, required=True, help="where to write RUN.json")
     p.add_argument("--video", type=Path, default=None, help="where to write the MP4 (optional)")
+    p.add_argument("--frames", type=Path, default=None, help="where to write every frame, uint8 [N, H, W, 3] .npy")
     p.add_argument("--quiet", action="store_true", help="no per-chunk progress lines")
     args = p.parse_args(argv)
     if args.chunks < 1:
@@ -127,10 +128,13 @@ class Recorder:
         self.digest = hashlib.sha256()
         self.writer = Mp4Writer(args.video, preset.width_px, preset.height_px, preset.fps) if args.video else None
         self.chunks: list[dict[str, Any]] = []
+        self.frames: list[np.ndarray] | None = [] if args.frames else None  # kept only when asked for
 
     def add(self, frames: np.ndarray, row: dict[str, Any]) -> None:
         assert row["index"] == len(self.chunks), f"chunk {row['index']} arrived out of order"
         self.digest.update(frames.tobytes())
+        if self.frames is not None:
+            self.frames.append(frames)
         if self.writer is not None:
             self.writer.write(frames)
         self.chunks.append(row)
@@ -146,6 +150,9 @@ class Recorder:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        if self.frames:
+            self.args.frames.parent.mkdir(parents=True, exist_ok=True)
+            np.save(self.args.frames, np.concatenate(self.frames))
 
 
 def _run_in_process(args: argparse.Namespace, trace: Trace, rec: Recorder, preset: ModelPreset) -> dict[str, Any]:

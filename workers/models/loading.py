@@ -1,12 +1,5 @@
-"""Building model components and loading them strictly from a local checkpoint directory.
-
-Layout (as released):
-    <dir>/transformers/model-0000k-of-0000n.safetensors + model.safetensors.index.json   (DiT)
-    <dir>/Wan2.1_VAE.pth                                                                (VAE)
-    <dir>/models_t5_umt5-xxl-enc-bf16.pth                                               (umT5)
-    <dir>/google/umt5-xxl/tokenizer.json                                                (tokenizer)
-The VAE and umT5 may also be safetensors files (`vae.safetensors`, `text_encoder.safetensors`),
-as the bundled weights are; a single DiT file is `transformers/model.safetensors`.
+"""Building model components and loading them strictly from a local checkpoint directory, laid out
+as released (workers/models/checkpoint_files.py names the files).
 
 Presets with `bundled_weights` load from workers/models/weights/<name>/ when no directory is given.
 
@@ -53,15 +46,17 @@ from typing import Protocol
 import torch
 import torch.nn as nn
 
+from workers.models.checkpoint_files import (  # noqa: F401 - the layout's names, used as loading.X
+    DIT_INDEX,
+    DIT_SUBDIR,
+    T5_FILE,
+    T5_SAFETENSORS,
+    TOKENIZER_DIR,
+    VAE_FILE,
+    VAE_SAFETENSORS,
+)
 from workers.models.presets import ModelPreset
 
-DIT_SUBDIR = "transformers"
-DIT_INDEX = "model.safetensors.index.json"
-VAE_FILE = "Wan2.1_VAE.pth"
-T5_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
-VAE_SAFETENSORS = "vae.safetensors"
-T5_SAFETENSORS = "text_encoder.safetensors"
-TOKENIZER_DIR = "google/umt5-xxl"
 MODEL_CARD = "model_card.json"
 BUNDLED_ROOT = Path(__file__).resolve().parent / "weights"
 

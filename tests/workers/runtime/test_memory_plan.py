@@ -149,8 +149,9 @@ def test_an_official_preset_without_its_weights_fails_naming_the_missing_files(t
 
 
 @pytest.mark.processes
-@pytest.mark.parametrize("model", ["tiny", "gridworld"])
-def test_the_plan_agrees_with_each_cpu_workers_peak_resident_set(model: str, tmp_path) -> None:
+def test_the_plan_agrees_with_each_cpu_workers_peak_resident_set(tmp_path) -> None:
+    """gridworld here; the device check's rehearsal (tests/benchmarks/test_device_check.py) does tiny."""
+    model = "gridworld"
     # As a user runs it: workers spawned from pytest would also import pytest (their parent's __main__).
     out = tmp_path / "r.json"
     cmd = [sys.executable, "-m", "benchmarks.replay", "--model", model, "--chunks", "3", "--quiet", "--out", str(out)]
@@ -159,5 +160,5 @@ def test_the_plan_agrees_with_each_cpu_workers_peak_resident_set(model: str, tmp
     planned, measured = report["memory_plan"], report["peak_memory"]
     assert set(planned) == set(measured) == {"encode0", "dit0", "decode0"}
     for worker, plan_bytes in planned.items():
-        ratio = plan_bytes / measured[worker]["host_rss_bytes"]
-        assert 0.8 <= ratio <= 1.2, f"{worker}: plan {plan_bytes / 2**20:.0f} MiB / measured = {ratio:.2f}"
+        rss = measured[worker]["host_rss_bytes"]
+        assert abs(plan_bytes - rss) <= 0.2 * rss, f"{worker}: plan {plan_bytes >> 20} MiB, measured {rss >> 20}"

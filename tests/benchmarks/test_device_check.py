@@ -1,0 +1,48 @@
+"""The device check, rehearsed on the CPU: every step a CPU can run does, the CUDA-only ones say why not."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from benchmarks.device_check import main
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the check would run for real")
+def test_without_cuda_it_asks_for_a_rehearsal(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--out", "unused"])
+    assert exit_.value.code == 2
+    assert "no CUDA device here; --rehearse" in capsys.readouterr().err
+
+
+@pytest.mark.processes
+def test_the_rehearsal_runs_every_step_a_cpu_can(tmp_path) -> None:
+    cmd = [sys.executable, "-m", "benchmarks.device_check", "--rehearse", "--out", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    steps = summary["steps"]
+    assert summary["rehearsal"] is True
+    skipped = {name: s["reason"] for name, s in steps.items() if s["status"] == "skipped"}
+    assert skipped == {
+        "gpu_tests": "needs CUDA: the gpu-marked tests skip themselves on a CPU",
+        "channel_cross_device": "needs two CUDA devices",
+    }
+    assert all(s["status"] == "ok" for name, s in steps.items() if name not in skipped)
+    assert steps["channel"]["figures"]["p50_ms"]["channel"] > 0
+    # 2-rank DiT (gloo standing in for NCCL) and 2-rank decode against the 1-rank frames.
+    for name in ("dit_2rank", "decode_2rank"):
+        assert steps[name]["figures"]["max_step"] <= 1
+    assert set(steps["kernels"]["figures"]) == {"auto", "math", "flash"}
+    replay = steps["replay"]["figures"]
+    assert replay["steady_compute_fps"] > 0 and replay["kernels"]["attention"] == "auto"
+    # The memory plan agrees with every worker's measured peak within 20 %.
+    assert set(replay["memory"]) == {"encode0", "dit0", "decode0"}
+    for worker, m in replay["memory"].items():
+        assert abs(m["plan_error"]) <= 0.2, (worker, m)
+    assert "summary:" in done.stdout and "dit_2rank: ok" in done.stdout
