@@ -34,6 +34,7 @@ from workers.models.presets import ModelPreset
 from workers.runtime.handler import StageHandler
 from workers.runtime.messages import Stage
 from workers.runtime.placement import PLACEMENTS, Placement, PlacementError
+from workers.runtime.spec import WorkerSpec
 from workers.stages.footprint import dit_footprint, text_encoder_footprint, vae_footprints
 
 MIB = 2**20
@@ -158,7 +159,7 @@ def plan_memory(
     max_sessions: int,
     capacity: Callable[[str], int | None],
     kernels: KernelConfig = DEFAULT_KERNELS,
-    frame_ring_slots: int = 4,
+    frame_ring_slots: int = WorkerSpec.frame_ring_slots,
 ) -> MemoryPlan:
     """The plan for `max_sessions` open sessions; `capacity(device)` gives each device's bytes."""
     if max_sessions < 1:
@@ -242,7 +243,7 @@ def plan_memory(
     devices = []
     for device in dict.fromkeys(w.device for w in workers):
         mine = tuple(w for w in workers if w.device == device)
-        devices.append(DevicePlan(device, mine, _extra(device, mine, placement, ring), capacity(device)))
+        devices.append(DevicePlan(device, mine, _extra(device, mine, placement), capacity(device)))
     return MemoryPlan(preset.name, placement.name, n, kernels, tuple(devices))
 
 
@@ -252,7 +253,7 @@ def _runtime(stage: Stage, device: str) -> tuple[Line, ...]:
     return (Line("worker process runtime (Python, torch)", CPU_WORKER_RUNTIME_BYTES[stage]),)
 
 
-def _extra(device: str, mine: tuple[WorkerPlan, ...], placement: Placement, ring: int) -> tuple[Line, ...]:
+def _extra(device: str, mine: tuple[WorkerPlan, ...], placement: Placement) -> tuple[Line, ...]:
     if device == HOST:
         # The server maps the frame ring too (counted once, with the decode worker's line).
         return (Line("server process (signaling, video encoders)", SERVER_RUNTIME_BYTES),)
