@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # The fast tier: no spawned process, no training, no browser (markers in pyproject.toml).
 FAST_MARKERS := not (processes or training or browser or gpu or slow)
 
-.PHONY: setup run replay test test-fast lint browser clean
+.PHONY: setup run replay test test-fast lint packages clean
 
 setup: $(VENV)/.installed
 
@@ -29,12 +29,19 @@ run: setup
 replay: setup
 	$(PY) -m benchmarks.replay $(REPLAY_ARGS)
 
-# Debian's Chromium for the real-browser test. Installing needs root (CI runs as root); without it
-# the browser test is skipped with a message.
-browser:
-	@if ! command -v chromium >/dev/null 2>&1; then \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; \
-	  else echo "note: chromium is not installed (sudo make browser); the browser test will be skipped"; fi; \
+# Debian packages that tests start on loopback: Chromium (the real-browser test), coturn (TURN relay)
+# and HAProxy (nodes behind a balancer), as package:command pairs. Installing needs root (CI runs as
+# root); without it the tests that need a missing one are skipped with a message.
+DEB_PACKAGES := chromium:chromium coturn:turnserver haproxy:haproxy
+
+packages:
+	@missing=""; for pair in $(DEB_PACKAGES); do \
+	  command -v "$${pair#*:}" >/dev/null 2>&1 || PATH="$$PATH:/usr/sbin" command -v "$${pair#*:}" >/dev/null 2>&1 \
+	    || missing="$$missing $${pair%%:*}"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	  else echo "note:$$missing not installed (sudo make packages); the tests that need them will be skipped"; fi; \
 	fi
 
 # The same checks as .pre-commit-config.yaml: lint, format, types (strict on the server, runtime and
@@ -46,7 +53,7 @@ lint: setup
 	$(VENV)/bin/lint-imports
 
 # The full suite CI runs (soak tests marked `slow` only on purpose: `pytest -m slow`).
-test: lint browser
+test: lint packages
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # Seconds, not minutes: every test that starts no process, trains nothing and needs no browser.

@@ -59,6 +59,7 @@ from server.scenes import default_scene, scene_names, scene_path
 from server.sctp import bound_inbound_messages
 from server.session import ACTIVE, ServerSession, SessionState
 from server.settings import Settings
+from server.turn import ice_servers_for
 from server.whep import whep_router
 from workers.chunk_geometry import chunk_num_frames
 from workers.controls import client_contract
@@ -375,8 +376,11 @@ def create_app(settings: Settings) -> FastAPI:
         return FileResponse(path, media_type="image/png")
 
     @app.get("/v1/ice-servers", dependencies=[Depends(require_token)])
-    async def ice_servers() -> dict[str, Any]:
-        return {"ice_servers": settings.ice_servers}
+    async def ice_servers(session: str | None = None) -> dict[str, Any]:
+        """STUN/TURN servers for a client's RTCPeerConnection; TURN credentials are minted for
+        `session` (or for an anonymous viewer) and expire after WORLDRTC_TURN_TTL_S."""
+        user = session if session in state.sessions else f"viewer-{secrets.token_hex(4)}"
+        return {"ice_servers": ice_servers_for(settings.ice_servers, settings.turn, user)}
 
     @app.get("/v1/engine", dependencies=[Depends(require_token)])
     async def engine_status() -> dict[str, Any]:
@@ -405,7 +409,8 @@ def create_app(settings: Settings) -> FastAPI:
     @app.post("/v1/sessions", status_code=201, response_model=SessionInfo, dependencies=[Depends(require_token)])
     async def create_session(request: Request, body: CreateSessionRequest | None = None) -> dict[str, Any]:
         session = await state.new_session(body or CreateSessionRequest(), client_address(request))
-        return session.info() | {"token": session.token}
+        turn = ice_servers_for(settings.ice_servers, settings.turn, session.id)
+        return session.info() | {"token": session.token, "ice_servers": turn}
 
     @app.get("/v1/sessions", dependencies=[Depends(require_token)])
     async def list_sessions() -> dict[str, Any]:

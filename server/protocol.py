@@ -249,6 +249,7 @@ class SessionInfo(BaseModel):
     fps: int
     chunk_frames: int
     token: str | None = None  # only in the create response
+    ice_servers: list[dict[str, Any]] | None = None  # only in the create response: TURN minted for it
     metrics: dict[str, Any] = Field(default_factory=dict)
     error: str | None = None
     ended: str | None = None  # the EndReason, once it has ended

@@ -9,6 +9,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from server.dispatch import DispatchPolicy
+from server.turn import TurnConfig
 from workers.models.attention_backend import AttentionBackend
 from workers.models.presets import DEFAULT_PRESET
 
@@ -49,6 +50,11 @@ class Settings(BaseSettings):
     cors_origins: list[str] = Field(default_factory=list)
     # WebRTC: nothing reaches outside by default. Each entry is an RTCIceServer-like dict.
     ice_servers: list[dict[str, object]] = Field(default_factory=list)
+    # TURN with per-session time-limited credentials (server/turn.py): the TURN server's URLs and the
+    # secret it shares (coturn: use-auth-secret, static-auth-secret). Both, or neither.
+    turn_urls: list[str] = Field(default_factory=list)
+    turn_secret: str | None = None
+    turn_ttl_s: float = Field(default=24 * 3600.0, gt=0)
     udp_port_min: int | None = Field(default=None, ge=1, le=65535)
     udp_port_max: int | None = Field(default=None, ge=1, le=65535)
     video_bitrate_bps: int = Field(default=1_500_000, ge=100_000, le=50_000_000)
@@ -88,6 +94,12 @@ class Settings(BaseSettings):
 
         return KernelConfig(self.attention, self.compile, self.deterministic)
 
+    @property
+    def turn(self) -> TurnConfig | None:
+        if self.turn_secret is None:
+            return None
+        return TurnConfig(tuple(self.turn_urls), self.turn_secret, self.turn_ttl_s)
+
     @field_validator("udp_port_max")
     @classmethod
     def _range(cls, v: int | None, info: ValidationInfo) -> int | None:
@@ -118,6 +130,15 @@ class Settings(BaseSettings):
                 f"binding {self.host} exposes the server beyond this machine: set WORLDRTC_API_TOKEN "
                 "(or --api-token), or bind 127.0.0.1"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _turn_pair(self) -> Settings:
+        if bool(self.turn_urls) != (self.turn_secret is not None):
+            raise ValueError("set both WORLDRTC_TURN_URLS and WORLDRTC_TURN_SECRET, or neither")
+        bad = [u for u in self.turn_urls if not u.startswith(("turn:", "turns:"))]
+        if bad:
+            raise ValueError(f"turn_urls must be turn: or turns: URLs, got {bad}")
         return self
 
     @property

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from server.errors import BadRequest, MethodNotAllowed, NotFound, UnsupportedMediaType
 from server.protocol import CreateSessionRequest, EndReason
 from server.rate_limit import client_address
+from server.turn import ice_servers_for
 
 SDP = "application/sdp"
 QUERY_FIELDS = ("scene", "seed", "prompt", "dispatch")
@@ -63,7 +64,8 @@ def whep_router(check_token: Any) -> APIRouter:
         answer = await state.answer(session, sdp)
         headers = {"Location": f"/v1/whep/{session.id}"}
         response = Response(answer, status_code=201, media_type=SDP, headers=headers)
-        for link in ice_server_links(state.settings.ice_servers):
+        settings = state.settings
+        for link in ice_server_links(ice_servers_for(settings.ice_servers, settings.turn, session.id)):
             response.headers.append("Link", link)
         return response
 

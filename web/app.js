@@ -418,7 +418,8 @@
       hook.sessionId = s.id;
       setState("connecting", "Connecting the video stream…");
 
-      const iceServers = await getIceServers();
+      // The create response carries STUN/TURN servers with TURN credentials minted for this session.
+      const iceServers = Array.isArray(created.ice_servers) ? created.ice_servers : await getIceServers();
       if (!alive(s)) return;
       const pc = new RTCPeerConnection({ iceServers });
       s.pc = pc;

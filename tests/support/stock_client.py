@@ -1,12 +1,14 @@
 """A WebRTC viewer that knows nothing of this project: stock aiortc and httpx, no patches, no imports
 from the repository. Run as its own process by the client tests:
 
-    python tests/support/stock_client.py URL rest|whep FRAMES [--hang]
+    python tests/support/stock_client.py URL rest|whep FRAMES [--hang] [--relay]
 
 `rest`: POST /v1/sessions {} and POST the offer (with a `control` channel, sending nothing on it);
 `whep`: POST the offer to /v1/whep (no data channel: it only watches). It receives FRAMES video
 frames, prints one JSON line with what it saw, then ends the session (DELETE) — or, with `--hang`,
-prints and waits to be killed, the way a crashed viewer disappears.
+prints and waits to be killed, the way a crashed viewer disappears. With `--relay` (rest only) it
+uses the ICE servers of the create response, relay candidates only (iceTransportPolicy "relay"),
+so every packet goes through the TURN server.
 """
 
 from __future__ import annotations
@@ -17,12 +19,21 @@ import json
 import sys
 
 import httpx
-from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCIceServer, RTCIceTransportPolicy, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
 
-async def main(url: str, mode: str, frames: int, hang: bool) -> None:
-    pc = RTCPeerConnection()
+async def main(url: str, mode: str, frames: int, hang: bool, relay: bool) -> None:
+    http = httpx.AsyncClient(base_url=url, timeout=30)
+    session: dict[str, object] = {}
+    config = RTCConfiguration()
+    if mode == "rest":
+        r = await http.post("/v1/sessions", json={})
+        session = r.json() | {"status": r.status_code}
+    if relay:
+        servers = [RTCIceServer(**s) for s in session["ice_servers"]]  # type: ignore[attr-defined]
+        config = RTCConfiguration(iceServers=servers, iceTransportPolicy=RTCIceTransportPolicy.RELAY)
+    pc = RTCPeerConnection(config)
     pc.addTransceiver("video", direction="recvonly")
     if mode == "rest":
         pc.createDataChannel("control")
@@ -48,11 +59,9 @@ async def main(url: str, mode: str, frames: int, hang: bool) -> None:
     await pc.setLocalDescription(await pc.createOffer())
     offer = pc.localDescription.sdp
     out: dict[str, object] = {"offer_candidates": [ln for ln in offer.splitlines() if ln.startswith("a=candidate")]}
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+    try:
         if mode == "rest":
-            r = await http.post("/v1/sessions", json={})
-            session = r.json()
-            out["created"] = {"status": r.status_code, "scene": session.get("scene")}
+            out["created"] = {"status": session["status"], "scene": session.get("scene")}
             token = {"authorization": f"Bearer {session['token']}"}
             r = await http.post(f"/v1/sessions/{session['session_id']}/offer", json={"sdp": offer, "type": "offer"})
             answer = r.json()["sdp"]
@@ -74,9 +83,11 @@ async def main(url: str, mode: str, frames: int, hang: bool) -> None:
         if mode == "whep":
             out["patch_status"] = (await http.patch(resource, content=b"a=candidate:x")).status_code
         out["delete_status"] = (await http.delete(resource, headers=token)).status_code
+    finally:
+        await http.aclose()
     await pc.close()
     print(json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), "--hang" in sys.argv))
+    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), "--hang" in sys.argv, "--relay" in sys.argv))
