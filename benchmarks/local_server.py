@@ -71,10 +71,11 @@ def start_server(
     ready_timeout_s: float = READY_TIMEOUT_S,
     env: dict[str, str] | None = None,
     host: str | None = "127.0.0.1",
+    port: int | None = None,
 ) -> ServerProcess:
     """Start a server and wait until it is warm; the caller stops it. `env`: extra environment, e.g.
-    WORLDRTC_* settings that have no flag. `host` None: the server's default bind."""
-    port = free_port()
+    WORLDRTC_* settings that have no flag. `host` None: the server's default bind. `port` None: a free one."""
+    port = free_port() if port is None else port
     cmd = [sys.executable, "-m", "server", *(("--host", host) if host else ()), "--port", str(port), *args]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -103,8 +104,9 @@ def local_server(
     ready_timeout_s: float = READY_TIMEOUT_S,
     env: dict[str, str] | None = None,
     host: str | None = "127.0.0.1",
+    port: int | None = None,
 ) -> Iterator[ServerProcess]:
-    server = start_server(args, log, ready_timeout_s, env, host)
+    server = start_server(args, log, ready_timeout_s, env, host, port)
     try:
         yield server
     finally:

@@ -31,6 +31,7 @@ from server.errors import (
     BadRequest,
     Busy,
     Draining,
+    Full,
     Loading,
     NotFound,
     RateLimited,
@@ -135,6 +136,13 @@ class AppState:
             raise Loading("the model is loading; retry shortly", retry_after_s=2)
         if not self.engine.healthy:
             raise Restarting("a stage worker is restarting after a failure; retry shortly", retry_after_s=2)
+
+    def node_url(self, path: str) -> str:
+        """`path` on this node: absolute with WORLDRTC_PUBLIC_URL (behind a balancer), else as is."""
+        return f"{self.settings.public_url or ''}{path}"
+
+    def free_slots(self) -> int:
+        return max(0, self.settings.max_sessions - self.active_sessions() - self._admitting)
 
     def engine_failed(self, error: str) -> None:
         """The engine cannot serve any more (on the loop): every session ends, the process exits 1."""
@@ -334,6 +342,16 @@ def create_app(settings: Settings) -> FastAPI:
         require_ready()
         return {"ready": True, "load_s": state.ready_s}
 
+    @app.get("/capacityz", responses={503: {"model": ErrorBody}})
+    async def capacityz() -> dict[str, Any]:
+        """For a balancer's health check: 200 while this node can start a session now, 503 (with
+        Retry-After) while it is full, loading, restarting or draining."""
+        require_ready()
+        free = state.free_slots()
+        if free == 0:
+            raise Full(f"all {settings.max_sessions} session slots are in use", retry_after_s=5)
+        return {"free": free, "max_sessions": settings.max_sessions}
+
     @app.get("/v1/model", dependencies=[Depends(require_token)])
     async def model() -> dict[str, Any]:
         p = state.preset
@@ -409,8 +427,13 @@ def create_app(settings: Settings) -> FastAPI:
     @app.post("/v1/sessions", status_code=201, response_model=SessionInfo, dependencies=[Depends(require_token)])
     async def create_session(request: Request, body: CreateSessionRequest | None = None) -> dict[str, Any]:
         session = await state.new_session(body or CreateSessionRequest(), client_address(request))
-        turn = ice_servers_for(settings.ice_servers, settings.turn, session.id)
-        return session.info() | {"token": session.token, "ice_servers": turn}
+        url = state.node_url(f"/v1/sessions/{session.id}")
+        return session.info() | {
+            "token": session.token,
+            "ice_servers": ice_servers_for(settings.ice_servers, settings.turn, session.id),
+            "session_url": url,
+            "offer_url": f"{url}/offer",
+        }
 
     @app.get("/v1/sessions", dependencies=[Depends(require_token)])
     async def list_sessions() -> dict[str, Any]:

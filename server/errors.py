@@ -60,6 +60,12 @@ class Unavailable(ServerError):
     code = "unavailable"
 
 
+class Full(Unavailable):
+    """A node's capacity probe while every slot is taken (a create on it answers `busy`)."""
+
+    code = "full"
+
+
 class Loading(Unavailable):
     code = "loading"
 

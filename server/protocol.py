@@ -250,6 +250,9 @@ class SessionInfo(BaseModel):
     chunk_frames: int
     token: str | None = None  # only in the create response
     ice_servers: list[dict[str, Any]] | None = None  # only in the create response: TURN minted for it
+    # Only in the create response: where this session's routes live (the node that holds it).
+    session_url: str | None = None
+    offer_url: str | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)
     error: str | None = None
     ended: str | None = None  # the EndReason, once it has ended

@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     ice_servers: list[dict[str, object]] = Field(default_factory=list)
     # TURN with per-session time-limited credentials (server/turn.py): the TURN server's URLs and the
     # secret it shares (coturn: use-auth-secret, static-auth-secret). Both, or neither.
+    # This node's base URL as clients reach it (e.g. "https://gpu-3.example.org"), when it runs behind
+    # a balancer: a session's URLs point at the node that holds it (README "Many nodes").
+    public_url: str | None = Field(default=None, pattern=r"^https?://[^/\s]+$")
     turn_urls: list[str] = Field(default_factory=list)
     turn_secret: str | None = None
     turn_ttl_s: float = Field(default=24 * 3600.0, gt=0)

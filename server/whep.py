@@ -62,7 +62,7 @@ def whep_router(check_token: Any) -> APIRouter:
             raise BadRequest(f"query parameter {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
         session = await state.new_session(body, client_address(request))
         answer = await state.answer(session, sdp)
-        headers = {"Location": f"/v1/whep/{session.id}"}
+        headers = {"Location": state.node_url(f"/v1/whep/{session.id}")}
         response = Response(answer, status_code=201, media_type=SDP, headers=headers)
         settings = state.settings
         for link in ice_server_links(ice_servers_for(settings.ice_servers, settings.turn, session.id)):

@@ -357,6 +357,7 @@
       body,
       startedAt, // performance.now() of the Start click (first-frame time counts from here)
       id: null,
+      url: null, // the session's REST resource, on the node that holds it
       token: null,
       pc: null,
       dc: null,
@@ -433,7 +434,9 @@
       await waitIceGathering(pc, ICE_GATHER_TIMEOUT_MS);
       if (!alive(s)) return;
       const local = pc.localDescription;
-      const answer = await api("POST", `/v1/sessions/${encodeURIComponent(s.id)}/offer`,
+      // Behind a balancer the session lives on one node: its routes are the URLs the create returned.
+      s.url = created.session_url || `/v1/sessions/${encodeURIComponent(s.id)}`;
+      const answer = await api("POST", created.offer_url || `${s.url}/offer`,
         { sdp: local.sdp, type: local.type }, s.token);
       if (!alive(s)) return;
       await pc.setRemoteDescription({ sdp: answer.sdp, type: answer.type || "answer" });
@@ -641,7 +644,8 @@
     s.deleted = true;
     const headers = s.token ? { Authorization: `Bearer ${s.token}` } : {};
     // keepalive lets the DELETE finish while the page unloads; 404 (already gone) is fine.
-    fetch(`/v1/sessions/${encodeURIComponent(s.id)}`, { method: "DELETE", headers, keepalive: true }).catch(() => {});
+    const url = s.url || `/v1/sessions/${encodeURIComponent(s.id)}`;
+    fetch(url, { method: "DELETE", headers, keepalive: true }).catch(() => {});
   }
 
   // ---------------------------------------------------------------- server messages

@@ -157,7 +157,7 @@ class Session:
         self.info = r.json()
         sid, token = self.info["session_id"], self.info["token"]
         r = await self.http.post(
-            f"/v1/sessions/{sid}/offer",
+            self.info.get("offer_url") or f"/v1/sessions/{sid}/offer",  # the node that holds the session
             json={"sdp": offer, "type": "offer"},
             headers={"authorization": f"Bearer {token}"},
         )
@@ -184,7 +184,7 @@ class Session:
                     r = await self.http.delete(self.info["resource"])
                 else:
                     token = {"authorization": f"Bearer {self.info['token']}"}
-                    r = await self.http.delete(f"/v1/sessions/{self.info['session_id']}", headers=token)
+                    r = await self.http.delete(self._session_url(), headers=token)
                 if r.status_code == 200 and r.headers.get("content-type", "").startswith("application/json"):
                     final = r.json()
             except httpx.TransportError:
@@ -196,10 +196,14 @@ class Session:
         await self.http.aclose()
         return final
 
+    def _session_url(self) -> str:
+        assert self.info is not None
+        return str(self.info.get("session_url") or f"/v1/sessions/{self.info['session_id']}")
+
     async def server_info(self) -> dict[str, Any]:
         """The server's record of this session (REST sessions)."""
         assert self.info is not None and "session_id" in self.info, "a WHEP session has no REST record"
-        r = await self.http.get(f"/v1/sessions/{self.info['session_id']}")
+        r = await self.http.get(self._session_url())
         if r.status_code != 200:
             raise _error(r)
         return dict(r.json())

@@ -63,9 +63,11 @@ async def main(url: str, mode: str, frames: int, hang: bool, relay: bool) -> Non
         if mode == "rest":
             out["created"] = {"status": session["status"], "scene": session.get("scene")}
             token = {"authorization": f"Bearer {session['token']}"}
-            r = await http.post(f"/v1/sessions/{session['session_id']}/offer", json={"sdp": offer, "type": "offer"})
+            # The create response says where the session lives (the node that holds it, behind a balancer).
+            r = await http.post(str(session["offer_url"]), json={"sdp": offer, "type": "offer"})
             answer = r.json()["sdp"]
-            resource = f"/v1/sessions/{session['session_id']}"
+            resource = str(session["session_url"])
+            out["session_url"] = resource
             out["session_id"] = session["session_id"]
         else:
             r = await http.post("/v1/whep", content=offer, headers={"content-type": "application/sdp"})
