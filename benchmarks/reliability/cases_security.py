@@ -34,6 +34,7 @@ SESSION = "session"  # the API token, or the session's own token
 ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/healthz"): PUBLIC,
     ("GET", "/readyz"): PUBLIC,
+    ("GET", "/capacityz"): PUBLIC,  # a balancer health-checks it
     ("GET", "/"): PUBLIC,
     ("GET", "/static"): PUBLIC,
     ("GET", "/openapi.json"): API,
