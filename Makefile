@@ -9,9 +9,9 @@ RUN_ARGS ?= --placement cpu
 REPLAY_ARGS ?= --chunks 8 --seed 0 --out runs/replay.json --video runs/replay.mp4
 PYTEST_ARGS ?=
 # The fast tier: no spawned process, no training, no browser (markers in pyproject.toml).
-FAST_MARKERS := not (processes or training or browser or gpu or slow)
+FAST_MARKERS := not (processes or training or browser or gpu or slow or container)
 
-.PHONY: setup run replay test test-fast lint packages clean
+.PHONY: setup run replay test test-fast test-container lint packages clean
 
 setup: $(VENV)/.installed
 
@@ -54,7 +54,14 @@ lint: setup
 
 # The full suite CI runs (soak tests marked `slow` only on purpose: `pytest -m slow`).
 test: lint packages
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not (slow or container)" $(PYTEST_ARGS)
+
+# The container image built (from a Debian base made with debootstrap), run and streamed from: root,
+# podman, runc and debootstrap (installed here when missing), several minutes.
+test-container: setup
+	@command -v podman >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	  apt-get install -y -qq --no-install-recommends podman buildah runc debootstrap uidmap; }
+	$(PY) -m pytest -m container $(PYTEST_ARGS)
 
 # Seconds, not minutes: every test that starts no process, trains nothing and needs no browser.
 test-fast: lint

@@ -97,7 +97,7 @@ def single_thread_torch() -> Iterator[None]:
         yield
 
 
-PROCESS_MARKERS = ("processes", "training", "browser", "gpu", "slow")
+PROCESS_MARKERS = ("processes", "training", "browser", "gpu", "slow", "container")
 
 
 @pytest.hookimpl(hookwrapper=True)
