@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.local_server import free_port
+from tests.support.processes import stop
 from tests.support.waiting import wait_until
 
 TURNSERVER = "turnserver"
@@ -53,9 +54,4 @@ def coturn(tmp: Path) -> Iterator[Coturn]:
         wait_until(lambda: log.is_file() and "Total General servers" in log.read_text(), 20, "coturn listening")
         yield Coturn(port, secret, log)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from benchmarks.local_server import free_port
+from tests.support.processes import stop
 from tests.support.waiting import wait_until
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
@@ -43,12 +44,7 @@ def haproxy(node1: str, node2: str, log: Path) -> Iterator[str]:
         wait_until(lambda: _answers(url), 20, "haproxy listening")
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def _answers(url: str) -> bool:

@@ -17,3 +17,13 @@ def pid_alive(pid: int) -> bool:
 def children_of(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
     return [int(x) for x in out.split()]
+
+
+def stop(proc: subprocess.Popen[bytes] | subprocess.Popen[str], grace_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after `grace_s`; reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
