@@ -66,7 +66,7 @@ from workers.chunk_geometry import chunk_num_frames
 from workers.controls import client_contract
 from workers.images import ImageError, fit_image, read_image
 from workers.runtime.engine import PipelineEngine
-from workers.runtime.memory_plan import MemoryPlan, check_fits, machine_capacity
+from workers.runtime.memory_plan import check_fits, machine_capacity
 from workers.runtime.placement import get_placement
 from workers.runtime.synthetic import resolve_model
 
@@ -80,13 +80,12 @@ class AppState:
         self.settings = settings
         self.preset, synthetic = resolve_model(settings.model, settings.stage_ms, settings.synthetic_geometry)
         placement = get_placement(settings.placement)
-        self.memory_plan: MemoryPlan | None = None
         if synthetic is None:
             # The same plan as `python -m workers.models plan`: a placement that cannot hold the model
             # and max_sessions fails now, naming the device, the shortfall and what would fit.
             capacity = machine_capacity(settings.device_memory_gib, settings.host_memory_gib)
-            self.memory_plan = check_fits(self.preset, placement, settings.max_sessions, capacity, settings.kernels)
-            for device in self.memory_plan.devices:
+            plan = check_fits(self.preset, placement, settings.max_sessions, capacity, settings.kernels)
+            for device in plan.devices:
                 log.info("memory plan: %s", device.summary())
         # Constructing the engine validates the placement against the model: a bad one fails now.
         self.engine = PipelineEngine(
@@ -178,7 +177,7 @@ class AppState:
             self.metrics.sessions_refused.labels("rate_limited").inc()
             rate = f"{settings.create_burst} at once, then {settings.create_rate_per_min:g} a minute"
             raise RateLimited(f"too many sessions created from {client} ({rate})", retry_after_s=wait_s)
-        if self.active_sessions() + self._admitting >= settings.max_sessions:
+        if self.free_slots() == 0:
             self.metrics.sessions_refused.labels("busy").inc()
             raise Busy(f"all {settings.max_sessions} session slots are in use; retry later", retry_after_s=5)
         if body.fps is not None and 90_000 % body.fps:
