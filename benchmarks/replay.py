@@ -177,6 +177,9 @@ def _run_in_process(args: argparse.Namespace, trace: Trace, rec: Recorder, prese
                 session.camera.reset_pose()
             result = session.step(control)
             tm = result.timings
+            ready_s = time.perf_counter() - t_start
+            # One process, one stage after the other: each ends where the next begins.
+            ends = {"decode": ready_s, "dit": ready_s - tm.decode_s, "encode": ready_s - tm.decode_s - tm.denoise_s}
             rec.add(
                 result.frames,
                 _row(
@@ -186,9 +189,10 @@ def _run_in_process(args: argparse.Namespace, trace: Trace, rec: Recorder, prese
                     tm.encode_s,
                     tm.denoise_s,
                     tm.decode_s,
-                    time.perf_counter() - t_start,
+                    ready_s,
                     preset,
                     session.chunk_latent_frames,
+                    ends,
                 ),
             )
     finally:
@@ -250,6 +254,7 @@ def _run_pipeline(args: argparse.Namespace, trace: Trace, rec: Recorder, preset:
             r = item.record
             s = {stage.value: timing for stage, timing in r.stages.items()}
             assert r.frames_ready_t is not None and r.control is not None
+            ends = {name: t.done_t - t_start for name, t in s.items() if t.done_t is not None}
             rec.add(
                 item.frames,
                 _row(
@@ -262,6 +267,7 @@ def _run_pipeline(args: argparse.Namespace, trace: Trace, rec: Recorder, preset:
                     r.frames_ready_t - t_start,
                     preset,
                     chunk,
+                    ends,
                 ),
             )
         stats = engine.stats()
@@ -289,7 +295,9 @@ def _row(
     ready_s: float,
     preset: ModelPreset,
     chunk: int,
+    ends_s: dict[str, float],
 ) -> dict[str, Any]:
+    busy = {"encode": encode_s, "dit": dit_s, "decode": decode_s}
     return {
         "index": index,
         "media_start_s": chunk_first_frame(index, chunk) / preset.fps,
@@ -301,6 +309,9 @@ def _row(
         "dit_s": dit_s,
         "decode_s": decode_s,
         "frames_ready_s": ready_s,
+        # Each stage's compute for this chunk, [start, end] in seconds from the session's start (the
+        # stage timeline draws them: benchmarks/timeline.py).
+        "stage_spans_s": {name: [end - busy[name], end] for name, end in ends_s.items()},
     }
 
 
