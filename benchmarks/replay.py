@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from benchmarks.stats import environment, peak_rss_bytes, summarize
+from benchmarks.timeline import write_picture
 from benchmarks.trace import Trace, TraceReplayer
 from benchmarks.video import Mp4Writer
 from workers.chunk_geometry import chunk_first_frame, chunk_num_frames
@@ -93,8 +94,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, required=True, help="where to write RUN.json")
     p.add_argument("--video", type=Path, default=None, help="where to write the MP4 (optional)")
     p.add_argument("--frames", type=Path, default=None, help="where to write every frame, uint8 [N, H, W, 3] .npy")
+    p.add_argument("--timeline", type=Path, default=None, help="also draw the stage timeline (.png/.svg)")
     p.add_argument("--quiet", action="store_true", help="no per-chunk progress lines")
     args = p.parse_args(argv)
+    if args.timeline is not None and args.timeline.suffix not in (".png", ".svg"):
+        p.error("--timeline must end in .png or .svg")
     if args.chunks < 1:
         p.error("--chunks must be at least 1")
     if args.threads is not None and args.threads < 1:
@@ -179,7 +183,12 @@ def _run_in_process(args: argparse.Namespace, trace: Trace, rec: Recorder, prese
             tm = result.timings
             ready_s = time.perf_counter() - t_start
             # One process, one stage after the other: each ends where the next begins.
-            ends = {"decode": ready_s, "dit": ready_s - tm.decode_s, "encode": ready_s - tm.decode_s - tm.denoise_s}
+            dit_end, encode_end = ready_s - tm.decode_s, ready_s - tm.decode_s - tm.denoise_s
+            spans = {
+                "encode": [encode_end - tm.encode_s, encode_end],
+                "dit": [encode_end, dit_end],
+                "decode": [dit_end, ready_s],
+            }
             rec.add(
                 result.frames,
                 _row(
@@ -192,7 +201,7 @@ def _run_in_process(args: argparse.Namespace, trace: Trace, rec: Recorder, prese
                     ready_s,
                     preset,
                     session.chunk_latent_frames,
-                    ends,
+                    spans,
                 ),
             )
     finally:
@@ -254,7 +263,6 @@ def _run_pipeline(args: argparse.Namespace, trace: Trace, rec: Recorder, preset:
             r = item.record
             s = {stage.value: timing for stage, timing in r.stages.items()}
             assert r.frames_ready_t is not None and r.control is not None
-            ends = {name: t.done_t - t_start for name, t in s.items() if t.done_t is not None}
             rec.add(
                 item.frames,
                 _row(
@@ -267,7 +275,8 @@ def _run_pipeline(args: argparse.Namespace, trace: Trace, rec: Recorder, preset:
                     r.frames_ready_t - t_start,
                     preset,
                     chunk,
-                    ends,
+                    r.stage_spans_s(t_start),
+                    r.rank_spans_s(t_start),
                 ),
             )
         stats = engine.stats()
@@ -295,10 +304,10 @@ def _row(
     ready_s: float,
     preset: ModelPreset,
     chunk: int,
-    ends_s: dict[str, float],
+    spans_s: dict[str, list[float]],
+    rank_spans_s: dict[str, list[list[float]]] | None = None,
 ) -> dict[str, Any]:
-    busy = {"encode": encode_s, "dit": dit_s, "decode": decode_s}
-    return {
+    row = {
         "index": index,
         "media_start_s": chunk_first_frame(index, chunk) / preset.fps,
         "num_frames": num_frames,
@@ -311,8 +320,11 @@ def _row(
         "frames_ready_s": ready_s,
         # Each stage's compute for this chunk, [start, end] in seconds from the session's start (the
         # stage timeline draws them: benchmarks/timeline.py).
-        "stage_spans_s": {name: [end - busy[name], end] for name, end in ends_s.items()},
+        "stage_spans_s": spans_s,
     }
+    if rank_spans_s:  # stages on more than one rank: one lane per rank
+        row["rank_spans_s"] = rank_spans_s
+    return row
 
 
 def _planned_bytes(preset: ModelPreset, placement: Placement, kernels: KernelConfig) -> dict[str, int]:
@@ -414,6 +426,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"report: {args.out}")
     if args.video:
         print(f"video:  {args.video}")
+    if args.timeline is not None:
+        why = write_picture([report], args.timeline, [args.schedule])
+        print(f"timeline: {args.timeline}" if why is None else f"no timeline: {why}")
+        if why is not None:
+            return 2
     return 0
 
 

@@ -39,6 +39,7 @@ import httpx
 
 from benchmarks.delivery import analyze
 from benchmarks.local_server import local_server
+from benchmarks.timeline import write_picture
 from benchmarks.trace import Trace
 from server.dispatch import DispatchPolicy
 from workers.chunk_geometry import VAE_TIME_STRIDE
@@ -62,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--token", default=None, help="API token, if the server requires one")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument(
+        "--timeline", type=Path, default=None, help="also draw each run's first viewer's stage timeline (.png/.svg)"
+    )
     args = p.parse_args(argv)
     if args.viewers < 1 or args.duration_s <= 0:
         p.error("--viewers must be at least 1 and --duration-s positive")
@@ -134,11 +138,12 @@ async def run_policy(args: argparse.Namespace, url: str, trace: Trace, policy: s
             after = await _engine(http)
             engine = _window(before, after, time.perf_counter() - steady_t)
             servers = [await c.server_info() for c in clients]
+            timelines = [await c.timeline() for c in clients]
         finally:
             for c in clients:
                 await c.close()
     viewers = []
-    for c, server in zip(clients, servers, strict=True):
+    for c, server, timeline in zip(clients, servers, timelines, strict=True):
         ready = c.run.ready or {}
         fps = ready.get("fps", 16)
         # The first chunk is 3 frames short of the others (workers/chunk_geometry.py).
@@ -157,6 +162,7 @@ async def run_policy(args: argparse.Namespace, url: str, trace: Trace, policy: s
             "server_control_to_frame_p50_s": m.get("control_to_frame_p50_s"),
             "server_session": server,
             "server_stats_last": c.run.stats[-1] if c.run.stats else None,
+            "timeline": timeline,  # the server's, for python -m benchmarks.timeline
         }
         viewers.append(report)
     return {
@@ -213,6 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     for run in result["runs"]:
         print("\n".join(headline(run)))
+    if args.timeline is not None:
+        runs = result["runs"]
+        why = write_picture([r["viewers"][0]["timeline"] for r in runs], args.timeline, [r["dispatch"] for r in runs])
+        print(f"timeline: {args.timeline}" if why is None else f"no timeline: {why}", file=sys.stderr)
+        if why is not None:
+            return 2
     print(f"report: {args.out}")
     return 0
 

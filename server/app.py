@@ -442,6 +442,11 @@ def create_app(settings: Settings) -> FastAPI:
     async def get_session(session: Annotated[ServerSession, Depends(session_for)]) -> dict[str, Any]:
         return session.info()
 
+    @app.get("/v1/sessions/{session_id}/timeline")
+    async def get_timeline(session: Annotated[ServerSession, Depends(session_for)]) -> dict[str, Any]:
+        """The session's recent stage timeline; `python -m benchmarks.timeline URL-or-file` draws it."""
+        return session.timeline_report()
+
     @app.delete("/v1/sessions/{session_id}", response_model=SessionInfo)
     async def delete_session(session: Annotated[ServerSession, Depends(session_for)]) -> dict[str, Any]:
         await session.close(EndReason.DELETED, "deleted")

@@ -21,6 +21,10 @@ Policies (every buffer has a bound and an overflow policy):
   re-anchored at now (`reanchors`) instead of bursting the backlog out back to back. Smaller lateness
   is absorbed by serving the late ticks at once, which keeps the long-run rate exact.
 
+History: with `history_frames` > 0 the pacer keeps, per emitted frame, (emit time, frames queued
+after it, repeated) for the last `history_frames` ticks (drop-oldest): the buffer-level lane of the
+stage timeline (server/timeline.py).
+
 Threading: all methods run on the event loop thread; the engine's thread hands chunks over with
 `loop.call_soon_threadsafe(pacer.push, ...)`. The pacer keeps references (views), not copies: the
 caller must not overwrite an array after pushing it (copy out of a reusable shared-memory ring first).
@@ -79,6 +83,7 @@ class Pacer:
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         max_lateness_frames: float = 2.0,
         on_emit: EmitHook | None = None,
+        history_frames: int = 0,
     ) -> None:
         if not isinstance(fps, int) or fps < 1 or VIDEO_CLOCK_HZ % fps:
             raise ValueError(
@@ -95,6 +100,7 @@ class Pacer:
         self._sleep = sleep
         self._max_lateness_s = max_lateness_frames / fps
         self.on_emit = on_emit
+        self.history: deque[tuple[float, int, bool]] = deque(maxlen=history_frames)
 
         self._queue: deque[tuple[np.ndarray, int, int]] = deque()  # (frame [H, W, 3], chunk, frame index)
         self._last: tuple[np.ndarray, int] | None = None  # (frame, chunk) most recently emitted
@@ -169,6 +175,8 @@ class Pacer:
             out = PacedFrame(frame, self._next_pts, None, True, chunk, due, now)
         self._ticks += 1
         self._next_pts += self.pts_step
+        if self.history.maxlen:
+            self.history.append((now, len(self._queue), out.repeated))
         self.sent += 1
         if out.frame_index is not None and self.on_emit is not None:
             # Frames go out in order, so the first call per chunk is that chunk's first visible frame.

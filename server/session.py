@@ -57,6 +57,7 @@ from server.protocol import (
 )
 from server.rate_limit import TokenBucket
 from server.settings import Settings
+from server.timeline import TIMELINE_CHUNKS, SessionTimeline
 from server.video_track import PacedVideoTrack
 from workers.chunk_geometry import chunk_num_frames
 from workers.controls import ChunkControl, ControlState, client_contract
@@ -124,7 +125,13 @@ class ServerSession:
         chunk_frames = chunk_num_frames(1, self.chunk_latent_frames)
         # Dispatch (server/dispatch.py) keeps at most two chunks between DiT start and the pacer, and
         # starts one only when the buffer is about to run out: the bound only drops frames if that breaks.
-        self.pacer = Pacer(self.fps, max_frames=2 * chunk_frames + 4, on_emit=self._on_emit)
+        self.pacer = Pacer(
+            self.fps,
+            max_frames=2 * chunk_frames + 4,
+            on_emit=self._on_emit,
+            history_frames=TIMELINE_CHUNKS * chunk_frames,
+        )
+        self.timeline: SessionTimeline | None = None  # from the engine session's open
         self.dispatch = DispatchController(
             DispatchConfig(dispatch or settings.dispatch, self.fps, self.chunk_latent_frames)
         )
@@ -186,6 +193,13 @@ class ServerSession:
                 "controls": dict(self.controls),
             },
         }
+
+    def timeline_report(self) -> dict[str, Any]:
+        """The recent stage timeline (server/timeline.py); empty until generation starts."""
+        body: dict[str, Any] = {"session_id": self.id, "state": self.state.value}
+        if self.timeline is None:
+            return body | {"fps": self.fps, "chunks": [], "pacer": None, "controls": []}
+        return body | self.timeline.report(self.pacer.history, self.fps)
 
     @property
     def behind(self) -> bool:
@@ -341,6 +355,7 @@ class ServerSession:
         )
         self._open_t = time.monotonic()
         self._open_perf_t = time.perf_counter()  # the engine's clock: chunk stage times count from here
+        self.timeline = SessionTimeline(self._open_t, self._open_perf_t)
         try:
             self.engine_session = self.engine.open_session(
                 self.image,
@@ -449,6 +464,8 @@ class ServerSession:
     def _on_chunk_done(self, out: ChunkOutput, parts: list[tuple[int, int, int]]) -> None:
         rec = out.record
         self.chunks += 1
+        if self.timeline is not None:
+            self.timeline.chunk_done(rec, sum(p[2] for p in parts))
         for stage, tm in rec.stages.items():
             self.metrics.chunk_compute.labels(stage.value).observe(tm.busy_s)
         with self._lock:
@@ -484,6 +501,8 @@ class ServerSession:
             del self._awaiting_display[older]  # its frames were dropped unseen
         for arrived in self._awaiting_display.pop(chunk_index, ()):
             latency = max(0.0, emit_t - arrived)
+            if self.timeline is not None:
+                self.timeline.control_shown(arrived, emit_t)
             self._control_to_frame.append(latency)
             self.metrics.control_to_frame.observe(latency)
 

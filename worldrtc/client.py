@@ -202,8 +202,15 @@ class Session:
 
     async def server_info(self) -> dict[str, Any]:
         """The server's record of this session (REST sessions)."""
+        return await self._get_own("")
+
+    async def timeline(self) -> dict[str, Any]:
+        """The session's recent stage timeline (REST sessions): `python -m benchmarks.timeline` draws it."""
+        return await self._get_own("/timeline")
+
+    async def _get_own(self, suffix: str) -> dict[str, Any]:
         assert self.info is not None and "session_id" in self.info, "a WHEP session has no REST record"
-        r = await self.http.get(self._session_url())
+        r = await self.http.get(self._session_url() + suffix)
         if r.status_code != 200:
             raise _error(r)
         return dict(r.json())

@@ -46,6 +46,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/v1/sessions"): API,
     ("GET", "/v1/sessions"): API,
     ("GET", "/v1/sessions/{session_id}"): SESSION,
+    ("GET", "/v1/sessions/{session_id}/timeline"): SESSION,
     ("DELETE", "/v1/sessions/{session_id}"): SESSION,
     ("POST", "/v1/sessions/{session_id}/offer"): SESSION,
     ("POST", "/v1/whep"): API,

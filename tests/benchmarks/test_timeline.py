@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.timeline import STAGES, main, overlap_s, timeline_bars
+from benchmarks.timeline import FRAMES_LANE, STAGES, lanes, main, overlap_s, timeline_bars
 
 pytestmark = pytest.mark.processes
 CHUNKS = 5
@@ -67,3 +67,22 @@ def test_a_run_without_stage_spans_is_refused(tmp_path: Path, runs: dict[str, Pa
     old.write_text(json.dumps(report))
     with pytest.raises(SystemExit):
         main([str(old), "--out", str(tmp_path / "t.png")])
+
+
+def test_a_stage_on_two_ranks_gets_a_lane_per_rank(tmp_path: Path) -> None:
+    placement = tmp_path / "two-dit-ranks.json"
+    placement.write_text(
+        json.dumps({"name": "two-dit-ranks", "encode": ["cpu"], "dit": ["cpu", "cpu"], "decode": ["cpu"]})
+    )
+    out, picture = tmp_path / "run.json", tmp_path / "run.svg"
+    cmd = [sys.executable, "-m", "benchmarks.replay", "--model", "synthetic", "--stage-ms", "20,80,50"]
+    cmd += ["--synthetic-geometry", "tiny", "--chunks", "3", "--placement", str(placement)]
+    cmd += ["--quiet", "--out", str(out), "--timeline", str(picture)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    report = json.loads(out.read_text())
+    assert lanes(report) == ["encode", "dit r0", "dit r1", "decode", FRAMES_LANE]
+    bars = timeline_bars(report)
+    assert sorted((b.lane, b.chunk) for b in bars if b.stage == "dit") == sorted(
+        (f"dit r{r}", k) for r in (0, 1) for k in range(3)
+    )
+    assert "dit r1" in picture.read_text()

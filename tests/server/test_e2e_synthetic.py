@@ -16,6 +16,8 @@ import pytest
 
 from benchmarks.delivery import analyze
 from benchmarks.local_server import local_server
+from benchmarks.timeline import FRAMES_LANE, PACER_LANE, STAGES, lanes, overlap_s, timeline_bars
+from benchmarks.timeline import main as timeline_main
 from tests.support.waiting import wait_until_async
 from worldrtc import Session
 
@@ -33,14 +35,18 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield srv.url
 
 
-async def test_live_session_overlaps_dit_and_decode_and_repeats_nothing(server_url: str) -> None:
+async def test_live_session_overlaps_dit_and_decode_and_repeats_nothing(server_url: str, tmp_path: Path) -> None:
     client = Session(server_url)
     await client.start()
     try:
+        await wait_until_async(lambda: len(client.run.chunks) >= 2, 60, "two chunks")
+        client.send({"type": "control", "key": "w", "action": "press"})
         await wait_until_async(lambda: len(client.run.chunks) >= CHUNKS, 60, f"{CHUNKS} chunks")
         last_pts = max(c["pts_end"] for c in client.run.chunks[:CHUNKS])
         await wait_until_async(lambda: any(f.pts >= last_pts for f in client.run.frames), 30, "their frames")
         await asyncio.sleep(0)  # let the last frame's bookkeeping finish
+        live = await client.timeline()
+        server = await client.server_info()
     finally:
         await client.close()
     run = client.run
@@ -58,3 +64,27 @@ async def test_live_session_overlaps_dit_and_decode_and_repeats_nothing(server_u
     assert report["repeated_frames_after_first_chunk"] == 0, report
     assert report["unique_frames"] == sum(c["num_frames"] for c in chunks)
     assert report["pts_identity_agrees_with_stamps"] == 1.0  # the pts map real models rely on is exact
+
+    # The live stage timeline (GET /v1/sessions/{id}/timeline) says the same, in the replay's shape.
+    rows = {c["index"]: c for c in live["chunks"]}
+    assert set(range(CHUNKS)) <= set(rows)
+    for k in range(CHUNKS):
+        spans = rows[k]["stage_spans_s"]
+        assert set(spans) == set(STAGES)
+        assert spans["encode"][1] <= spans["dit"][0] < spans["dit"][1] <= spans["decode"][0] < spans["decode"][1]
+    bars = timeline_bars(live)
+    assert overlap_s(bars, "dit", "decode") > 0.1  # the next chunk denoises while this one decodes
+    pacer = live["pacer"]
+    assert len(pacer["t_s"]) == len(pacer["buffered_frames"]) == len(pacer["repeated"]) > 0
+    assert all(b >= a for a, b in itertools.pairwise(pacer["t_s"]))
+    assert max(pacer["buffered_frames"]) <= 2 * chunks[1]["num_frames"] + 4  # the pacer's bound
+    assert len(pacer["repeated"]) == server["metrics"]["frames_sent"]  # every tick so far
+    assert sum(pacer["repeated"]) == server["metrics"]["frames_repeated"]
+    assert live["controls"] and all(0 < c["arrived_s"] < c["shown_s"] for c in live["controls"])
+    assert lanes(live) == [*STAGES, FRAMES_LANE, PACER_LANE]
+    # The CLI draws it straight from the URL, with the session's own token (closed sessions stay a while).
+    pytest.importorskip("matplotlib")
+    assert client.info is not None
+    picture, url = tmp_path / "live.svg", f"{server_url}/v1/sessions/{client.info['session_id']}/timeline"
+    assert timeline_main([url, "--token", client.info["token"], "--out", str(picture)]) == 0
+    assert "pacer buffer" in picture.read_text()

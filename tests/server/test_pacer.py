@@ -167,6 +167,20 @@ async def test_on_emit_reports_generated_frames_only() -> None:
     assert emitted == [(0, 0, 100.0), (0, 1, 100.0 + DT), (1, 2, pytest.approx(100.0 + 3 * DT))]
 
 
+async def test_history_keeps_the_buffer_level_and_repeats_of_the_last_ticks() -> None:
+    clock = FakeClock()
+    p = make(clock, history_frames=10)
+    assert not make(clock).history.maxlen  # off unless asked for
+    p.push(chunk(0, n=4), chunk_index=0, first_frame_index=0)
+    out = await pull(p, 6)  # 4 frames, then 2 repeats
+    assert [(t, depth, rep) for t, depth, rep in p.history] == [
+        (f.emit_s, max(0, 3 - n), f.repeated) for n, f in enumerate(out)
+    ]
+    assert [rep for _, _, rep in p.history] == [False] * 4 + [True] * 2
+    await pull(p, 10)
+    assert len(p.history) == 10  # bounded: the oldest ticks go
+
+
 async def test_close_wakes_waiters_and_ignores_late_chunks() -> None:
     clock = FakeClock()
     p = make(clock)

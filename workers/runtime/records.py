@@ -19,7 +19,8 @@ class StageTiming:
     ready_t: float | None = None  # input available for this stage
     dispatch_t: float | None = None
     done_t: float | None = None
-    busy_s: float = 0.0  # compute time inside the worker
+    busy_s: float = 0.0  # compute time inside the worker (rank 0's)
+    rank_busy_s: tuple[float, ...] = ()  # every rank's compute time, by rank
 
     @property
     def queue_wait_s(self) -> float | None:
@@ -35,6 +36,24 @@ class ChunkRecord:
     control: ChunkControl | None = None  # sampled when the DiT started the chunk
     num_frames: int = 0  # handed on so far
     frames_ready_t: float | None = None  # the chunk's first frames handed on
+
+    def stage_spans_s(self, origin_t: float) -> dict[str, list[float]]:
+        """Each finished stage's compute for this chunk, [start, end] in seconds from `origin_t`: its
+        busy time, ending when its reply came (what the stage timeline draws)."""
+        return {
+            s.value: [tm.done_t - tm.busy_s - origin_t, tm.done_t - origin_t]
+            for s, tm in self.stages.items()
+            if tm.done_t is not None
+        }
+
+    def rank_spans_s(self, origin_t: float) -> dict[str, list[list[float]]]:
+        """Per rank, for stages that run on more than one: each rank's busy time, ending when the
+        stage's last reply came (ranks of one stage finish together, at their last collective)."""
+        return {
+            s.value: [[tm.done_t - busy - origin_t, tm.done_t - origin_t] for busy in tm.rank_busy_s]
+            for s, tm in self.stages.items()
+            if tm.done_t is not None and len(tm.rank_busy_s) > 1
+        }
 
 
 @dataclass(frozen=True)

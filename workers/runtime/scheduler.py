@@ -492,6 +492,8 @@ class Scheduler:
             self._on_opened(session, stage, first)
         else:
             assert isinstance(first, ChunkDone), first
+            ranks = sorted((r for r in replies if isinstance(r, ChunkDone)), key=lambda r: r.rank)
+            session.record(first.chunk_index).stages[stage].rank_busy_s = tuple(r.busy_s for r in ranks)
             self._on_chunk_done(session, stage, first, now)
         if session.state is SessionState.CLOSING:
             self._discard_queued(session)
