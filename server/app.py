@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.codecs import set_video_bitrate
 from server.errors import (
+    BadImage,
     BadRequest,
     Busy,
     Draining,
@@ -39,6 +40,7 @@ from server.errors import (
     ServerError,
     TooLarge,
     Unauthorized,
+    UnknownScene,
     http_status,
 )
 from server.ice import host_addresses, keep_local_candidates, use_loopback_candidates, use_udp_port_range
@@ -486,23 +488,23 @@ def _start_image(body: CreateSessionRequest, state: AppState) -> tuple[str | Non
     if scene is not None:
         path = scene_path(scene)
         if path is None:
-            raise BadRequest(f"unknown scene {scene!r}; choose one of {scene_names()}")
+            raise UnknownScene(f"there is no built-in scene {scene!r}; choose one of {', '.join(scene_names())}")
         source: Path | bytes = path
     else:
         assert body.image is not None
         header, _, payload = body.image.partition(",")
         if not header.startswith("data:image/") or ";base64" not in header:
-            raise BadRequest("'image' must be a data URL: data:image/png;base64,... or data:image/jpeg;base64,...")
+            raise BadImage("'image' must be a data URL: data:image/png;base64,... or data:image/jpeg;base64,...")
         if len(payload) > state.settings.image_max_bytes * DATA_URL_OVERHEAD + 4:
             raise TooLarge(f"images are limited to {state.settings.image_max_bytes // (1024 * 1024)} MiB")
         try:
             source = base64.b64decode(payload, validate=True)
         except (binascii.Error, ValueError):
-            raise BadRequest("'image' is not valid base64") from None
+            raise BadImage("'image' is not valid base64") from None
     try:
         return scene, fit_image(read_image(source, state.settings.image_max_pixels), p.height_px, p.width_px)
     except ImageError as exc:
-        raise BadRequest(str(exc)) from None
+        raise BadImage(f"the start image cannot be used: {exc}") from None
 
 
 class BodyLimit:

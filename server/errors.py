@@ -16,6 +16,16 @@ class BadRequest(ServerError):
     code = "bad_request"
 
 
+class BadImage(BadRequest):
+    """A start image that cannot be used: the client should offer another image, not a retry."""
+
+    code = "bad_image"
+
+
+class UnknownScene(BadRequest):
+    code = "unknown_scene"
+
+
 class Unauthorized(ServerError):
     code = "unauthorized"
 

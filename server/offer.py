@@ -10,7 +10,11 @@ section to send on, and the sections are few (a viewer needs video and a data ch
 
 from __future__ import annotations
 
+import logging
+
 from aiortc import sdp as aiortc_sdp
+
+log = logging.getLogger(__name__)
 
 MAX_MEDIA_SECTIONS = 8  # video, a data channel, perhaps audio: browsers offer 2-3
 
@@ -24,7 +28,8 @@ def validate_offer(text: str) -> None:
     try:
         parsed = aiortc_sdp.SessionDescription.parse(text)
     except Exception as exc:  # the parser asserts and indexes freely: anything it raises is a bad offer
-        raise OfferError(f"could not parse the SDP offer ({type(exc).__name__}: {exc})") from None
+        log.info("unparsable offer: %s: %s", type(exc).__name__, exc)
+        raise OfferError("could not parse the SDP offer; send the offer your WebRTC stack created, unchanged") from None
     media = parsed.media
     if not media:
         raise OfferError("the offer has no media sections")

@@ -229,10 +229,14 @@ class ServerSession:
         pc.on("connectionstatechange", self._on_connection_state)
         try:
             await self._answer(pc, sdp)
+        except OfferError as exc:
+            await self.close(EndReason.BAD_OFFER, f"bad offer: {exc}")
+            raise BadRequest(str(exc)) from None
         except Exception as exc:  # aiortc raises ValueError, AssertionError, … for offers it cannot use
             log.info("offer refused: %s: %s", type(exc).__name__, exc, extra={"session_id": self.id})
-            await self.close(EndReason.BAD_OFFER, f"bad offer: {exc}")
-            raise BadRequest(f"the SDP offer cannot be used: {exc}") from None
+            why = "the SDP offer cannot be answered (its media sections do not fit a recvonly viewer)"
+            await self.close(EndReason.BAD_OFFER, f"bad offer: {why}")
+            raise BadRequest(why) from None
         self._spawn(self._fail_if_not_connected(), "ice-timeout")
         return pc.localDescription.sdp
 
@@ -254,8 +258,9 @@ class ServerSession:
         # aiortc gathers all candidates inside setLocalDescription: the answer is complete (no trickle).
         await pc.setLocalDescription(await pc.createAnswer())
 
-    async def close(self, code: EndReason, reason: str) -> None:
-        """Idempotent; tears down in reverse order of setup. `code` says why, `reason` in words."""
+    async def close(self, code: EndReason, reason: str, detail: str | None = None) -> None:
+        """Idempotent; tears down in reverse order of setup. `code` says why, `reason` in words for
+        the viewer; `detail` (the log and the REST record's `error`) where the operator needs more."""
         if self.state in (SessionState.CLOSING, SessionState.CLOSED, SessionState.FAILED):
             await self._closed.wait()
             return
@@ -263,7 +268,7 @@ class ServerSession:
         self.ended = code
         failed = code.failed
         if failed:
-            self.error = reason
+            self.error = detail or reason
             self._send(ErrorMsg(code="session_failed", message=reason))
         self._send(DoneMsg(code=code, reason=reason))
         if self.engine_session is not None:
@@ -291,8 +296,8 @@ class ServerSession:
             "session %s %s: %s",
             self.id,
             self.state.value,
-            reason,
-            extra={"session_id": self.id, "state": self.state.value, "reason": reason},
+            detail or reason,
+            extra={"session_id": self.id, "state": self.state.value, "reason": detail or reason},
         )
         self._closed.set()
 
@@ -516,7 +521,9 @@ class ServerSession:
 
     def _on_engine_end(self, error: str | None) -> None:
         if error is not None and self.state in ACTIVE:
-            self._spawn(self.close(EndReason.GENERATION_FAILED, f"generation failed: {error}"), "close")
+            # The stage's exception is for the operator (log, REST `error`), not for the viewer.
+            why = "the world model failed while generating (the server's log says why); start a new session"
+            self._spawn(self.close(EndReason.GENERATION_FAILED, why, detail=f"generation failed: {error}"), "close")
 
     def _count(self, result: str) -> None:
         self.controls[result] += 1

@@ -42,7 +42,10 @@ def read_image(source: str | Path | bytes | np.ndarray, max_pixels: int = MAX_IM
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         if isinstance(exc, ImageError):
             raise
-        raise ImageError(f"unreadable image: {exc}") from None
+        # Pillow's messages name Python objects ("cannot identify image file <_io.BytesIO …>"): the
+        # reader of this one is a person choosing a file.
+        what = "is not an image" if isinstance(exc, UnidentifiedImageError) else "is damaged or cut short"
+        raise ImageError(f"the file {what}; use a PNG or JPEG image") from None
     return np.asarray(img.convert("RGB"))
 
 

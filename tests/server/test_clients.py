@@ -119,7 +119,7 @@ async def test_the_python_client_steers_and_a_second_connection_is_refused(serve
         assert r.status_code == 409 and r.json()["error"] == "already_connected", r.text
     with pytest.raises(ClientError) as info:
         await Session(server.url, scene="atlantis").start()
-    assert info.value.code == "bad_request" and "atlantis" in info.value.message
+    assert info.value.code == "unknown_scene" and "atlantis" in info.value.message
 
 
 async def test_the_python_client_watches_over_whep(server: ServerProcess) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 import io
 
 import pytest
@@ -48,12 +49,17 @@ def png_data_url(size=(64, 48)) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
+# What a person must never read in an error: object reprs, exception class names, tracebacks.
+PYTHON_INTERNALS = re.compile(r"<[\w.]+ object at 0x|\b[A-Z]\w*(Error|Exception)\b|Traceback|BytesIO")
+
+
 def assert_error(r, status: int, code: str, fragment: str = "") -> None:
     assert r.status_code == status, r.text
     body = r.json()
     assert set(body) == {"error", "message"}, body
     assert body["error"] == code, body
     assert fragment in body["message"], body
+    assert not PYTHON_INTERNALS.search(body["message"]), body
 
 
 def test_health_ready_model_scenes_ice_metrics_openapi(client: TestClient) -> None:
@@ -115,13 +121,15 @@ def test_bad_create_requests(client: TestClient) -> None:
         400,
         "bad_request",
     )
-    assert_error(client.post("/v1/sessions", json={"scene": "atlantis"}), 400, "bad_request", "unknown scene")
+    assert_error(client.post("/v1/sessions", json={"scene": "atlantis"}), 400, "unknown_scene", "main-street")
     both = {"scene": "main-street", "image": png_data_url()}
     assert_error(client.post("/v1/sessions", json=both), 400, "bad_request", "not both")
-    assert_error(client.post("/v1/sessions", json={"image": "http://x/y.png"}), 400, "bad_request", "data URL")
-    assert_error(client.post("/v1/sessions", json={"image": "data:image/png;base64,@@@"}), 400, "bad_request", "base64")
+    assert_error(client.post("/v1/sessions", json={"image": "http://x/y.png"}), 400, "bad_image", "data URL")
+    assert_error(client.post("/v1/sessions", json={"image": "data:image/png;base64,@@@"}), 400, "bad_image", "base64")
     garbage = "data:image/png;base64," + base64.b64encode(b"not an image at all").decode()
-    assert_error(client.post("/v1/sessions", json={"image": garbage}), 400, "bad_request", "unreadable image")
+    assert_error(client.post("/v1/sessions", json={"image": garbage}), 400, "bad_image", "not an image")
+    cut = png_data_url()[:-40]  # a PNG cut short
+    assert_error(client.post("/v1/sessions", json={"image": cut}), 400, "bad_image", "PNG or JPEG")
     assert_error(client.post("/v1/sessions", json={"scene": "main-street", "seed": -1}), 400, "bad_request", "seed")
     assert_error(client.post("/v1/sessions", json={"scene": "main-street", "extra": 1}), 400, "bad_request", "extra")
     assert_error(client.post("/v1/sessions", json={"scene": "main-street", "fps": 7}), 400, "bad_request", "90 kHz")
