@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
@@ -445,9 +445,12 @@ def create_app(settings: Settings) -> FastAPI:
         return session.info()
 
     @app.get("/v1/sessions/{session_id}/timeline")
-    async def get_timeline(session: Annotated[ServerSession, Depends(session_for)]) -> dict[str, Any]:
+    async def get_timeline(
+        session: Annotated[ServerSession, Depends(session_for)],
+        window_s: Annotated[float | None, Query(gt=0, le=3600, description="only the last this many seconds")] = None,
+    ) -> dict[str, Any]:
         """The session's recent stage timeline; `python -m benchmarks.timeline URL-or-file` draws it."""
-        return session.timeline_report()
+        return session.timeline_report(window_s)
 
     @app.delete("/v1/sessions/{session_id}", response_model=SessionInfo)
     async def delete_session(session: Annotated[ServerSession, Depends(session_for)]) -> dict[str, Any]:

@@ -194,12 +194,12 @@ class ServerSession:
             },
         }
 
-    def timeline_report(self) -> dict[str, Any]:
+    def timeline_report(self, window_s: float | None = None) -> dict[str, Any]:
         """The recent stage timeline (server/timeline.py); empty until generation starts."""
         body: dict[str, Any] = {"session_id": self.id, "state": self.state.value}
         if self.timeline is None:
-            return body | {"fps": self.fps, "chunks": [], "pacer": None, "controls": []}
-        return body | self.timeline.report(self.pacer.history, self.fps)
+            return body | {"fps": self.fps, "now_s": 0.0, "chunks": [], "pacer": None, "controls": []}
+        return body | self.timeline.report(self.pacer.history, self.fps, time.monotonic(), window_s)
 
     @property
     def behind(self) -> bool:

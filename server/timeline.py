@@ -13,6 +13,7 @@ last TIMELINE_CHUNKS chunks and TIMELINE_CONTROLS controls (drop-oldest); the pa
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Any
 
@@ -48,15 +49,21 @@ class SessionTimeline:
         """A control (arrived at `arrived_t`, monotonic) reached the screen at `shown_t`."""
         self.controls.append((arrived_t - self.open_t, shown_t - self.open_t))
 
-    def report(self, pacer_history: deque[tuple[float, int, bool]], fps: int) -> dict[str, Any]:
-        history = list(pacer_history)
+    def report(
+        self, pacer_history: deque[tuple[float, int, bool]], fps: int, now_t: float, window_s: float | None = None
+    ) -> dict[str, Any]:
+        """All that is kept, or the last `window_s` seconds of it (the HUD's strip asks for a few)."""
+        now_s = now_t - self.open_t
+        since = -math.inf if window_s is None else now_s - window_s
+        history = [(t - self.open_t, depth, rep) for t, depth, rep in pacer_history if t - self.open_t >= since]
         return {
             "fps": fps,
-            "chunks": list(self.chunks),
+            "now_s": now_s,
+            "chunks": [c for c in self.chunks if max(end for _, end in c["stage_spans_s"].values()) >= since],
             "pacer": {
-                "t_s": [t - self.open_t for t, _, _ in history],
+                "t_s": [t for t, _, _ in history],
                 "buffered_frames": [depth for _, depth, _ in history],
-                "repeated": [repeated for _, _, repeated in history],
+                "repeated": [rep for _, _, rep in history],
             },
-            "controls": [{"arrived_s": a, "shown_s": s} for a, s in self.controls],
+            "controls": [{"arrived_s": a, "shown_s": s} for a, s in self.controls if s >= since],
         }

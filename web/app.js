@@ -1,5 +1,6 @@
 // worldrtc browser client: start a session, receive the generated world over WebRTC, steer it with
-// keys and mouse over the "control" data channel, and show what the stream is doing in a HUD.
+// keys, mouse or touch over the "control" data channel, and show what the stream is doing in a HUD
+// (with a live stage timeline, key T).
 // Plain JS, no build step, no external requests. Wire formats: server/protocol.py; the control keys and
 // limits come from the server (GET /v1/model: `controls`, `limits`), so nothing here copies them.
 "use strict";
@@ -21,12 +22,21 @@
   const SHOWN_PTS_KEPT = 64; // 4 s at 16 FPS: longer than a chunk takes from first frame to message
   const VIDEO_CLOCK_HZ = 90000;
   const PTS_SLACK_FRAMES = 8; // pacer's extra 4 frames + jitter buffer and decode
+  const MAX_SOURCE_BYTES = 64 * 1048576; // a start image file larger than this is refused before reading
+  const TIMELINE_POLL_MS = 1000; // the HUD strip's refresh (GET …/timeline)
+  const TIMELINE_WINDOW_S = 6; // seconds of the session the HUD strip shows
+  const STICK_DEAD_ZONE = 0.3; // of the stick's radius: smaller drags move nothing
+  const STICK_KEY_MIN_COS = 0.38; // a move key is held while the stick points within ~68° of it
+  const TOUCH_LOOK_GAIN = 1.5; // look pixels per CSS pixel of finger travel on the video
 
   const RESET_CODE = "KeyR";
+  const TIMELINE_CODE = "KeyT";
 
   // Physical key (event.code, layout independent, lower-cased) → the camera key the server
   // understands, and the server's limits: both from GET /v1/model.
   let keyMap = {};
+  let moveVectors = {}; // move key → [right, forward]
+  let turnVectors = {}; // turn key → [yaw right, pitch up]
   let maxLookPx = 0;
   let maxImageBytes = 0;
   let modelSize = { width: 0, height: 0 };
@@ -36,6 +46,8 @@
     keyMap = {};
     for (const k of [...c.move_keys, ...c.turn_keys]) keyMap[`key${k}`] = k;
     Object.assign(keyMap, c.key_aliases); // e.g. arrowup → w
+    moveVectors = c.move_vectors || {};
+    turnVectors = c.turn_vectors || {};
     maxLookPx = c.max_look_px;
     maxImageBytes = info.limits.image_max_bytes;
     modelSize = { width: info.width, height: info.height };
@@ -49,7 +61,7 @@
     videoBox: $("video-box"),
     overlay: $("overlay"),
     overlayText: $("overlay-text"),
-    reconnectBtn: $("reconnect-btn"),
+    overlayBtn: $("overlay-btn"),
     lookBtn: $("look-btn"),
     hudState: $("hud-state"),
     hudFps: $("hud-fps"),
@@ -63,6 +75,15 @@
     hudRtt: $("hud-rtt"),
     hudKeys: $("hud-keys"),
     hudError: $("hud-error"),
+    hudStrip: $("hud-strip"),
+    hudTimeline: $("hud-timeline"),
+    timelineBtn: $("timeline-btn"),
+    touchControls: $("touch-controls"),
+    stick: $("stick"),
+    stickKnob: $("stick-knob"),
+    turnLeftBtn: $("turn-left-btn"),
+    turnRightBtn: $("turn-right-btn"),
+    resetBtn: $("reset-btn"),
     form: $("start-form"),
     scenes: $("scenes"),
     scenesEmpty: $("scenes-empty"),
@@ -82,7 +103,12 @@
     state: "idle", // idle | connecting | streaming | closed | error
     sessionId: null,
     error: null,
+    errorCode: null, // the server's code of the error shown (e.g. bad_image), null for client-side ones
+    action: null, // what the overlay button offers: reconnect | image | scene | token | null
     model: null,
+    lastSeq: {}, // message type → seq of the last one sent (a chunk's applied_seq ≥ it: applied)
+    timeline: null, // the last GET …/timeline the HUD strip drew
+    touchUi: false,
     stats: {
       framesDisplayed: 0,
       fps: 0,
@@ -171,15 +197,30 @@
     return !t || /[.!?…]$/.test(t) ? t : `${t}.`;
   };
 
+  // What a person can do about an error the server reports by code (server/errors.py): permanent
+  // errors offer a fix on the overlay's button; transient ones (busy, not ready, no network) are
+  // retried with backoff instead.
+  const FIX_FOR_CODE = { bad_image: "image", too_large: "image", unknown_scene: "scene", unauthorized: "token" };
+  const ACTION_LABELS = {
+    reconnect: "Reconnect",
+    restart: "Start again",
+    image: "Choose another image",
+    scene: "Pick a scene",
+    token: "Enter the API token",
+  };
+
+  function transient(err) {
+    return err instanceof ApiError && (err.status === 0 || err.status === 429 || err.status === 503);
+  }
+
   function describeApiError(err, doing) {
     if (!(err instanceof ApiError)) return sentence(`${doing}: ${err && err.message ? err.message : err}`);
     let text = sentence(`${doing}: ${err.message}`);
+    // Busy and not ready are retried by the caller, which says when (honouring Retry-After).
     if (err.status === 429) {
       text = `The server is busy: ${sentence(err.message)}`;
-      if (err.retryAfterS != null) text += ` Try again in ${Math.ceil(err.retryAfterS)} s.`;
     } else if (err.status === 503) {
       text = `The server is not ready yet: ${sentence(err.message)}`;
-      if (err.retryAfterS != null) text += ` Try again in ${Math.ceil(err.retryAfterS)} s.`;
     } else if (err.status === 401 || err.status === 403) {
       text = sentence(`${doing}: not allowed (${err.message})`);
     }
@@ -307,23 +348,32 @@
     return canvas.toDataURL("image/jpeg", 0.92);
   }
 
+  const mib = (n) => (n / 1048576).toFixed(1);
+
+  // Type and size are checked before the file is read, and the image is decoded here before it is
+  // offered: a file the browser cannot decode never becomes a (broken) thumbnail or an upload.
   async function readImage(file) {
     if (!file) return;
     if (!/^image\/(png|jpeg)$/.test(file.type)) {
-      showMessage(`"${file.name}" is not a PNG or JPEG image.`, true);
+      showMessage(`"${file.name}" is not a PNG or JPEG image. Choose a .png or .jpg file.`, true);
+      return;
+    }
+    if (file.size > MAX_SOURCE_BYTES) {
+      showMessage(`"${file.name}" is ${mib(file.size)} MiB; choose an image under ${mib(MAX_SOURCE_BYTES)} MiB.`, true);
       return;
     }
     let dataUrl;
     try {
       dataUrl = await startImageDataUrl(file);
-    } catch (err) {
-      showMessage(`Could not read "${file.name}": ${err}`, true);
+    } catch (_) {
+      showMessage(`"${file.name}" could not be read as an image: it may be damaged, or not really a PNG or JPEG. ` +
+        "Choose another file.", true);
       return;
     }
     const bytes = Math.floor((dataUrl.length - dataUrl.indexOf(",") - 1) * 0.75);
     if (bytes > maxImageBytes) {
-      const mib = (n) => (n / 1048576).toFixed(1);
-      showMessage(`"${file.name}" is ${mib(bytes)} MiB even scaled down; the limit is ${mib(maxImageBytes)} MiB.`, true);
+      showMessage(`"${file.name}" is ${mib(bytes)} MiB even scaled down; the limit is ${mib(maxImageBytes)} MiB. ` +
+        "Choose a smaller image.", true);
       return;
     }
     let item = el.scenes.querySelector(".scene[data-kind='image']");
@@ -445,9 +495,14 @@
       startFrameWatch(s);
     } catch (err) {
       if (!alive(s)) return;
-      const text = err instanceof ApiError ? describeApiError(err, "Could not start the session")
-        : `Could not start the session: ${err && err.message ? err.message : err}`;
-      fail(s, text, { retry: false });
+      const text = describeApiError(err, "Could not start the session");
+      if (transient(err)) {
+        fail(s, text, { retry: true, code: err.code, retryAfterS: err.retryAfterS });
+        return;
+      }
+      const code = err instanceof ApiError ? err.code : null;
+      if (code === "unknown_scene") choice = null; // the list is stale: the fix reloads it
+      fail(s, text, { retry: false, code, action: FIX_FOR_CODE[code] || "reconnect" });
     }
   }
 
@@ -554,6 +609,7 @@
   function send(s, msg) {
     if (!s.dc || s.dc.readyState !== "open") return null;
     const seq = ++s.seq;
+    hook.lastSeq[msg.type] = seq;
     const t = performance.now();
     try {
       s.dc.send(JSON.stringify({ ...msg, seq, t }));
@@ -569,10 +625,10 @@
     teardown(s, { sendStop: false });
     if (s.failed) {
       hook.error = `The session failed: ${s.failed}`;
-      setState("error", `${hook.error} Press Reconnect to start a new one.`);
-      el.hudError.textContent = hook.error;
+      hook.errorCode = "session_failed";
+      setState("error", hook.error, "restart");
     } else {
-      setState("closed", `The session ended: ${sentence(reason || "closed by the server")}`);
+      setState("closed", `The session ended: ${sentence(reason || "closed by the server")}`, "restart");
     }
   }
 
@@ -583,21 +639,22 @@
     fail(s, text, { retry: s.firstFrameAt !== null });
   }
 
-  function fail(s, text, { retry }) {
+  // One place for a session's error: the overlay, with the button that can help (see FIX_FOR_CODE).
+  function fail(s, text, { retry, code = null, action = "reconnect", retryAfterS = null }) {
     if (s !== current) return;
     teardown(s, { sendStop: true });
     hook.error = text;
+    hook.errorCode = code;
     if (retry && reconnectAttempt < RECONNECT_DELAYS_MS.length) {
-      const delay = RECONNECT_DELAYS_MS[reconnectAttempt++];
+      const delay = Math.max(RECONNECT_DELAYS_MS[reconnectAttempt++], 1000 * (retryAfterS || 0));
       reconnectTimer = setTimeout(() => {
         reconnectTimer = null;
         if (current === s && lastBody) start(lastBody, performance.now(), { isReconnect: true });
       }, delay);
-      setState("error", `${text} Reconnecting in ${Math.round(delay / 1000)} s (new session)…`);
+      setState("error", `${text} Trying again in ${Math.round(delay / 1000)} s (new session)…`, null);
     } else {
-      setState("error", text);
+      setState("error", text, action);
     }
-    el.hudError.textContent = text;
   }
 
   function stop() {
@@ -606,7 +663,7 @@
     const s = current;
     if (!s) return;
     teardown(s, { sendStop: true });
-    setState("closed", "Stopped. Press Start to begin again.");
+    setState("closed", "Stopped. Press Start to begin again.", null);
   }
 
   // Idempotent; leaves `current` pointing at s so late events from it are recognised and ignored.
@@ -665,13 +722,15 @@
       case "pong":
         if (typeof msg.t === "number") hook.stats.rttMs = performance.now() - msg.t;
         break;
-      case "error": {
-        const text = `Server: ${sentence(msg.message || msg.code || "error")}${msg.code ? ` (${msg.code})` : ""}`;
-        hook.error = text;
-        el.hudError.textContent = text;
-        if (msg.code === "session_failed") s.failed = sentence(msg.message || "the session failed");
+      case "error":
+        if (msg.code === "session_failed") {
+          s.failed = sentence(msg.message || "the session failed"); // shown when its "done" comes
+        } else {
+          hook.error = `Server: ${sentence(msg.message || "error")}`;
+          hook.errorCode = msg.code || null;
+          el.hudError.textContent = hook.error;
+        }
         break;
-      }
       case "done":
         s.done = msg.reason || "done";
         finish(s, s.done);
@@ -894,43 +953,184 @@
     return current && !current.closing && (hook.state === "connecting" || hook.state === "streaming");
   }
 
-  function onKeyDown(ev) {
-    if (ev.key === "Escape" && document.pointerLockElement === el.videoBox) {
-      document.exitPointerLock(); // browsers do this themselves; harmless when they already did
-      return;
-    }
-    if (!sessionActive() || ev.ctrlKey || ev.metaKey || ev.altKey || typingTarget(ev.target)) return;
-    const s = current;
-    const code = ev.code || "";
-    if (code === RESET_CODE || (!code && ev.key && ev.key.toLowerCase() === "r")) {
-      ev.preventDefault();
-      if (!ev.repeat) probe(s, send(s, { type: "reset_pose" }));
-      return;
-    }
-    const key = keyMap[code.toLowerCase()] || keyMap[`key${(ev.key || "").toLowerCase()}`];
-    if (!key) return;
-    ev.preventDefault(); // no page scrolling on arrows
-    if (ev.repeat || s.heldCodes.has(code)) return;
-    const already = heldKeys(s).includes(key); // e.g. W held and ArrowUp pressed: same camera key
+  // Keys, the touch stick and the turn buttons all hold camera keys through these two: a "code" is
+  // whatever holds the key (a physical key's event.code, "stick:w", "button:l"), so W and ArrowUp,
+  // or the stick and the W key, hold one camera key that is released only when nothing holds it.
+  function holdKey(s, code, key) {
+    if (s.heldCodes.has(code)) return;
+    const already = heldKeys(s).includes(key);
     s.heldCodes.set(code, key);
     if (!already) probe(s, send(s, { type: "control", key, action: "press" }));
     renderHud();
   }
 
-  function onKeyUp(ev) {
-    if (!current || current.closing) return;
-    const s = current;
-    const code = ev.code || "";
+  function releaseCode(s, code) {
     const key = s.heldCodes.get(code);
     if (!key) return;
-    ev.preventDefault();
     s.heldCodes.delete(code);
     if (!heldKeys(s).includes(key)) probe(s, send(s, { type: "control", key, action: "release" }));
     renderHud();
   }
 
+  function resetPose(s) {
+    probe(s, send(s, { type: "reset_pose" }));
+  }
+
+  function onKeyDown(ev) {
+    if (ev.key === "Escape" && document.pointerLockElement === el.videoBox) {
+      document.exitPointerLock(); // browsers do this themselves; harmless when they already did
+      return;
+    }
+    if (ev.ctrlKey || ev.metaKey || ev.altKey || typingTarget(ev.target)) return;
+    if (ev.code === TIMELINE_CODE && !ev.repeat) {
+      toggleTimeline();
+      return;
+    }
+    if (!sessionActive()) return;
+    const s = current;
+    const code = ev.code || "";
+    if (code === RESET_CODE || (!code && ev.key && ev.key.toLowerCase() === "r")) {
+      ev.preventDefault();
+      if (!ev.repeat) resetPose(s);
+      return;
+    }
+    const key = keyMap[code.toLowerCase()] || keyMap[`key${(ev.key || "").toLowerCase()}`];
+    if (!key) return;
+    ev.preventDefault(); // no page scrolling on arrows
+    if (!ev.repeat) holdKey(s, code, key);
+  }
+
+  function onKeyUp(ev) {
+    if (!current || current.closing) return;
+    if (current.heldCodes.has(ev.code || "")) {
+      ev.preventDefault();
+      releaseCode(current, ev.code || "");
+    }
+  }
+
+  // ---------------------------------------------------------------- touch
+  //
+  // On touch screens: a stick (bottom left) holds the move keys it points at, dragging the video
+  // looks (the same `look` deltas as the mouse), and hold-to-turn and reset buttons (bottom right).
+  // Pointer events with pointer capture, so a finger that leaves the control still drives it.
+
+  const touchScreen = () => navigator.maxTouchPoints > 0 || window.matchMedia("(pointer: coarse)").matches;
+
+  function useTouchUi(on) {
+    if (hook.touchUi === on) return;
+    hook.touchUi = on;
+    document.body.classList.toggle("touch", on);
+    setState(hook.state, undefined, hook.action);
+  }
+
+  // The move keys whose direction is within ~68° of the stick's: one key straight on, two diagonally.
+  function stickKeys(dx, dy) {
+    const len = Math.hypot(dx, dy);
+    if (len < STICK_DEAD_ZONE) return [];
+    const right = dx / len;
+    const forward = -dy / len; // screen y grows downwards
+    return Object.entries(moveVectors)
+      .filter(([, [r, f]]) => (r * right + f * forward) / (Math.hypot(r, f) || 1) >= STICK_KEY_MIN_COS)
+      .map(([key]) => key);
+  }
+
+  function wireStick() {
+    let pointer = null;
+    const move = (ev) => {
+      const box = el.stick.getBoundingClientRect();
+      const radius = box.width / 2;
+      let dx = (ev.clientX - (box.left + radius)) / radius;
+      let dy = (ev.clientY - (box.top + radius)) / radius;
+      const len = Math.hypot(dx, dy);
+      if (len > 1) [dx, dy] = [dx / len, dy / len];
+      el.stickKnob.style.transform = `translate(${dx * 50}%, ${dy * 50}%)`;
+      const s = current;
+      if (!sessionActive()) return;
+      const want = new Set(stickKeys(dx, dy));
+      for (const code of [...s.heldCodes.keys()].filter((c) => c.startsWith("stick:"))) {
+        if (!want.has(code.slice(6))) releaseCode(s, code);
+      }
+      for (const key of want) holdKey(s, `stick:${key}`, key);
+    };
+    const end = (ev) => {
+      if (ev.pointerId !== pointer) return;
+      pointer = null;
+      el.stickKnob.style.transform = "";
+      el.stick.classList.remove("active");
+      if (current && !current.closing) {
+        for (const code of [...current.heldCodes.keys()].filter((c) => c.startsWith("stick:"))) releaseCode(current, code);
+      }
+    };
+    el.stick.addEventListener("pointerdown", (ev) => {
+      if (pointer !== null) return;
+      pointer = ev.pointerId;
+      el.stick.setPointerCapture(ev.pointerId);
+      el.stick.classList.add("active");
+      ev.preventDefault();
+      move(ev);
+    });
+    el.stick.addEventListener("pointermove", (ev) => {
+      if (ev.pointerId === pointer) move(ev);
+    });
+    el.stick.addEventListener("pointerup", end);
+    el.stick.addEventListener("pointercancel", end);
+  }
+
+  function wireTurnButton(btn) {
+    const yaw = Number(btn.dataset.yaw);
+    const code = `button:${btn.id}`;
+    const key = () => Object.keys(turnVectors).find((k) => turnVectors[k][0] === yaw && turnVectors[k][1] === 0);
+    const release = () => {
+      btn.classList.remove("active");
+      if (current && !current.closing) releaseCode(current, code);
+    };
+    btn.addEventListener("pointerdown", (ev) => {
+      const k = key();
+      if (!sessionActive() || !k) return;
+      ev.preventDefault();
+      btn.setPointerCapture(ev.pointerId);
+      btn.classList.add("active");
+      holdKey(current, code, k);
+    });
+    btn.addEventListener("pointerup", release);
+    btn.addEventListener("pointercancel", release);
+    // Keyboard and switch users: Enter/Space on the focused button turns while held.
+    btn.addEventListener("keydown", (ev) => {
+      const k = key();
+      if ((ev.key === "Enter" || ev.key === " ") && sessionActive() && k && !ev.repeat) {
+        ev.preventDefault();
+        ev.stopPropagation();
+        holdKey(current, code, k);
+      }
+    });
+    btn.addEventListener("keyup", (ev) => {
+      if (ev.key === "Enter" || ev.key === " ") release();
+    });
+  }
+
+  // A finger dragged on the video looks around (mouse users get pointer lock instead).
+  function wireTouchLook() {
+    let last = null; // {id, x, y}
+    el.videoBox.addEventListener("pointerdown", (ev) => {
+      if (ev.pointerType === "touch") useTouchUi(true);
+      if (ev.pointerType !== "touch" || last || ev.target.closest(".touch-controls, button")) return;
+      last = { id: ev.pointerId, x: ev.clientX, y: ev.clientY };
+    });
+    el.videoBox.addEventListener("pointermove", (ev) => {
+      if (!last || ev.pointerId !== last.id || !current || current.closing) return;
+      current.look.dx += TOUCH_LOOK_GAIN * (ev.clientX - last.x);
+      current.look.dy += TOUCH_LOOK_GAIN * (ev.clientY - last.y);
+      last = { id: ev.pointerId, x: ev.clientX, y: ev.clientY };
+    });
+    const end = (ev) => {
+      if (last && ev.pointerId === last.id) last = null;
+    };
+    el.videoBox.addEventListener("pointerup", end);
+    el.videoBox.addEventListener("pointercancel", end);
+  }
+
   function releaseAll() {
-    // Keyups are not delivered once the window loses focus; without this, keys would stick.
+    // Keyups (and pointerups) are not delivered once the window loses focus; without this, keys would stick.
     if (!current || current.closing) return;
     const hadKeys = current.heldCodes.size > 0;
     current.heldCodes.clear();
@@ -965,6 +1165,95 @@
     }
   }
 
+  // ---------------------------------------------------------------- the HUD's stage timeline
+  //
+  // A strip in the HUD (key T, or the button under the controls): the last few seconds of the
+  // session's GET …/timeline, drawn as benchmarks/timeline.py draws a whole run: a lane per stage
+  // (and rank) with a bar per chunk, the pacer's buffer level, and a red tick per repeated frame.
+
+  const LANE_COLOURS = { encode: "#4c78a8", dit: "#f58518", decode: "#54a24b" };
+  let timelineTimer = null;
+
+  function toggleTimeline() {
+    const on = el.hudStrip.hidden;
+    el.hudStrip.hidden = !on;
+    el.timelineBtn.setAttribute("aria-pressed", String(on));
+    el.timelineBtn.textContent = on ? "Hide the stage timeline" : "Show the stage timeline";
+    clearInterval(timelineTimer);
+    timelineTimer = on ? setInterval(pollTimeline, TIMELINE_POLL_MS) : null;
+    if (on) pollTimeline();
+  }
+
+  async function pollTimeline() {
+    const s = current;
+    if (!s || s.closing || !s.id || hook.state !== "streaming") return;
+    const url = `${s.url || `/v1/sessions/${encodeURIComponent(s.id)}`}/timeline?window_s=${TIMELINE_WINDOW_S}`;
+    try {
+      const report = await api("GET", url, undefined, s.token);
+      if (s !== current || el.hudStrip.hidden) return;
+      hook.timeline = report;
+      drawTimeline(report);
+    } catch (_) { /* the next poll tries again; the strip keeps the last picture */ }
+  }
+
+  function timelineLanes(report) {
+    const lanes = new Set();
+    for (const c of report.chunks) {
+      for (const stage of Object.keys(c.stage_spans_s)) {
+        const ranks = (c.rank_spans_s || {})[stage];
+        if (ranks) ranks.forEach((_, r) => lanes.add(`${stage} r${r}`));
+        else lanes.add(stage);
+      }
+    }
+    const order = ["encode", "dit", "decode"];
+    return [...lanes].sort((a, b) => order.indexOf(a.split(" ")[0]) - order.indexOf(b.split(" ")[0]) || a.localeCompare(b));
+  }
+
+  function drawTimeline(report) {
+    const canvas = el.hudTimeline;
+    const ctx = canvas.getContext("2d");
+    const w = canvas.width;
+    const h = canvas.height;
+    const end = report.now_s;
+    const start = end - TIMELINE_WINDOW_S;
+    const x = (t) => ((t - start) / TIMELINE_WINDOW_S) * w;
+    const lanes = timelineLanes(report);
+    const rows = lanes.length + 1; // + the buffer
+    const rowH = h / rows;
+    ctx.clearRect(0, 0, w, h);
+    ctx.font = "10px ui-monospace, monospace";
+    let bars = 0;
+    for (const c of report.chunks) {
+      for (const [stage, span] of Object.entries(c.stage_spans_s)) {
+        const ranks = (c.rank_spans_s || {})[stage];
+        (ranks || [span]).forEach(([a, b], r) => {
+          const lane = lanes.indexOf(ranks ? `${stage} r${r}` : stage);
+          ctx.fillStyle = LANE_COLOURS[stage] || "#888";
+          ctx.fillRect(x(a), lane * rowH + 2, Math.max(1, x(b) - x(a)), rowH - 4);
+          bars += 1;
+        });
+      }
+    }
+    const pacer = report.pacer || { t_s: [], buffered_frames: [], repeated: [] };
+    const top = Math.max(1, ...pacer.buffered_frames);
+    const base = h - 2;
+    ctx.strokeStyle = "#c39bd3";
+    ctx.beginPath();
+    pacer.t_s.forEach((t, i) => {
+      const y = base - (rowH - 4) * (pacer.buffered_frames[i] / top);
+      if (i === 0) ctx.moveTo(x(t), y);
+      else ctx.lineTo(x(t), y);
+    });
+    ctx.stroke();
+    ctx.fillStyle = "#ff4d4d";
+    const repeats = pacer.t_s.filter((t, i) => pacer.repeated[i]);
+    for (const t of repeats) ctx.fillRect(x(t), base - rowH + 4, 1.5, rowH - 4);
+    const level = pacer.buffered_frames.length ? pacer.buffered_frames[pacer.buffered_frames.length - 1] : 0;
+    hook.timelineDrawn = { lanes, bars, repeats: repeats.length };
+    canvas.setAttribute("aria-label", `Stage timeline of the last ${TIMELINE_WINDOW_S} s: ${report.chunks.length} chunks ` +
+      `over ${lanes.join(", ")}; ${level} frames buffered; ${repeats.length} repeated frames.`);
+  }
+
   // ---------------------------------------------------------------- UI
 
   function showMessage(text, isError) {
@@ -974,7 +1263,8 @@
 
   const STATE_TEXT = { idle: "idle", connecting: "connecting", streaming: "streaming", closed: "closed", error: "error" };
 
-  function setState(state, text) {
+  // `action` (closed and error states): what the overlay's button offers (ACTION_LABELS), or null.
+  function setState(state, text, action = null) {
     hook.state = state;
     el.hudState.textContent = STATE_TEXT[state] || state;
     el.hudState.dataset.state = state;
@@ -984,12 +1274,32 @@
     el.overlay.hidden = !showOverlay;
     el.overlay.classList.toggle("error", state === "error");
     if (text !== undefined && text !== "") el.overlayText.textContent = text;
-    el.reconnectBtn.hidden = !((state === "error" || state === "closed") && lastBody && !reconnectTimer);
-    el.lookBtn.hidden = state !== "streaming" || document.pointerLockElement === el.videoBox;
-    if (state === "error" && text) showMessage(text, true);
-    else if (state === "closed" && text) showMessage(text, false);
+    const restartable = action === "reconnect" || action === "restart";
+    hook.action = (state === "error" || state === "closed") && action && (lastBody || !restartable) ? action : null;
+    el.overlayBtn.hidden = hook.action === null;
+    if (hook.action) el.overlayBtn.textContent = ACTION_LABELS[hook.action];
+    el.lookBtn.hidden = state !== "streaming" || document.pointerLockElement === el.videoBox || hook.touchUi;
+    el.touchControls.hidden = !(hook.touchUi && state === "streaming");
+    if (state !== "streaming") el.hudError.textContent = ""; // the overlay says what happened
     updateControls();
     renderHud();
+  }
+
+  function runAction() {
+    const action = hook.action;
+    if ((action === "reconnect" || action === "restart") && lastBody) {
+      start(lastBody, performance.now(), { isReconnect: action === "reconnect" });
+    } else if (action === "image") {
+      el.imageInput.click(); // a click handler may open the file picker
+    } else if (action === "scene") {
+      loadModel().then(() => {
+        const picked = el.scenes.querySelector(".scene[data-kind='scene'] input:checked");
+        if (picked) picked.focus();
+      });
+    } else if (action === "token") {
+      el.tokenDetails.open = true;
+      el.apiToken.focus();
+    }
   }
 
   function updateControls() {
@@ -1050,11 +1360,11 @@
     }
     start(body, clickedAt);
     el.videoBox.focus({ preventScroll: true }); // keys go to the world, not the form
+    // On a phone the form sits below the video: bring the world (and its touch controls) into view.
+    el.videoBox.scrollIntoView({ block: "nearest" });
   });
   el.stopBtn.addEventListener("click", stop);
-  el.reconnectBtn.addEventListener("click", () => {
-    if (lastBody) start(lastBody, performance.now(), { isReconnect: true });
-  });
+  el.overlayBtn.addEventListener("click", runAction);
   el.imageInput.addEventListener("change", () => {
     readImage(el.imageInput.files && el.imageInput.files[0]);
     el.imageInput.value = "";
@@ -1073,9 +1383,17 @@
   });
 
   el.videoBox.addEventListener("click", (ev) => {
-    if (ev.target.closest("button")) return;
+    if (ev.target.closest("button, .touch-controls") || hook.touchUi) return;
     lockPointer();
   });
+  wireStick();
+  wireTurnButton(el.turnLeftBtn);
+  wireTurnButton(el.turnRightBtn);
+  el.resetBtn.addEventListener("click", () => {
+    if (sessionActive()) resetPose(current);
+  });
+  wireTouchLook();
+  el.timelineBtn.addEventListener("click", toggleTimeline);
   el.lookBtn.addEventListener("click", lockPointer);
   document.addEventListener("pointerlockchange", () => {
     const locked = document.pointerLockElement === el.videoBox;
@@ -1103,7 +1421,8 @@
     if (!modelInfo) loadModel();
   });
 
-  el.videoBox.tabIndex = -1;
+  hook.touchUi = touchScreen();
+  document.body.classList.toggle("touch", hook.touchUi);
   setInterval(renderHud, 250);
   setState("idle");
   loadModel();

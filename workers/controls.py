@@ -172,6 +172,9 @@ def client_contract() -> dict[str, Any]:
     return {
         "move_keys": sorted(MOVE_KEYS),
         "turn_keys": sorted(TURN_KEYS),
+        # What each key does, so on-screen controls (a stick, turn buttons) need no copy of it.
+        "move_vectors": {k: list(v) for k, v in MOVE_KEYS.items()},  # (right, forward)
+        "turn_vectors": {k: list(v) for k, v in TURN_KEYS.items()},  # (yaw right, pitch up)
         "key_aliases": dict(KEY_ALIASES),
         "max_look_px": MAX_LOOK_PX,
         "max_keys": MAX_KEYS,

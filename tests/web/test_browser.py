@@ -21,54 +21,20 @@ from pathlib import Path
 import pytest
 
 from benchmarks.local_server import ServerProcess, local_server, log_tail
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, CHUNK_TIMEOUT_MS, hook, require_browser, wait_for_chunk
 
-CHROMIUM = Path("/usr/bin/chromium")
 FIRST_VIDEO_TIMEOUT_MS = 45_000
-CHUNK_TIMEOUT_MS = 20_000
 MIN_FRAMES = 32  # 2 s at 16 FPS
 SERVER_EXIT_TIMEOUT_S = 30.0
 
-# No WebRTC flags: Chromium hides its host addresses behind mDNS names, as a user's browser does.
-# The rest keep a headless browser from reaching for the network (refused here) and from sandboxing as root.
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--autoplay-policy=no-user-gesture-required",
-]
-
 pytestmark = pytest.mark.browser
-
-if not CHROMIUM.exists():
-    pytest.skip(f"{CHROMIUM} is missing (install Debian's `chromium` package)", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="the `playwright` Python package is not installed")
+sync_api = require_browser()
 
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ServerProcess]:
     with local_server(["--model", "tiny", "--placement", "cpu"], tmp_path / "server.log") as srv:
         yield srv
-
-
-def _hook(page: sync_api.Page) -> dict:
-    return page.evaluate("() => JSON.parse(JSON.stringify(window.worldrtc))")
-
-
-def _wait_for_keys(page: sync_api.Page, keys: list[str]) -> dict:
-    """Wait for a chunk whose applied_keys include `keys`; fail early if the session errors."""
-    cond = (
-        "(keys) => { const w = window.worldrtc; if (w.state === 'error') return true;"
-        " const c = w.stats.lastChunk; return !!c && keys.every((k) => (c.applied_keys || []).includes(k)); }"
-    )
-    page.wait_for_function(cond, arg=keys, timeout=CHUNK_TIMEOUT_MS)
-    hook = _hook(page)
-    assert hook["state"] == "streaming", f"session failed while waiting for keys {keys}: {hook['error']}"
-    return hook["stats"]["lastChunk"]
 
 
 def _number(text: str) -> float:
@@ -100,7 +66,7 @@ def test_browser_session_end_to_end(server: ServerProcess, tmp_path: Path) -> No
             first_scene.click()
             assert page.locator(".scene[data-kind='scene'] input").first.is_checked()
             weights = page.locator("#weights-note")
-            model = _hook(page)["model"]
+            model = hook(page)["model"]
             if "random" in (model.get("weights") or "").lower():
                 assert weights.is_visible() and "random" in weights.inner_text().lower()
 
@@ -109,15 +75,15 @@ def test_browser_session_end_to_end(server: ServerProcess, tmp_path: Path) -> No
                 f"() => window.worldrtc.state === 'error' || window.worldrtc.stats.framesDisplayed >= {MIN_FRAMES}",
                 timeout=FIRST_VIDEO_TIMEOUT_MS,
             )
-            hook = _hook(page)
-            assert hook["state"] == "streaming", f"no video: {hook['error']}\nserver log:\n{log_tail(log)}"
-            assert hook["stats"]["firstFrameS"] is not None and hook["stats"]["firstFrameS"] > 0
+            state = hook(page)
+            assert state["state"] == "streaming", f"no video: {state['error']}\nserver log:\n{log_tail(log)}"
+            assert state["stats"]["firstFrameS"] is not None and state["stats"]["firstFrameS"] > 0
             assert page.locator("#video").evaluate("v => v.videoWidth > 0 && !v.paused")
 
             page.keyboard.down("w")
-            chunk_w = _wait_for_keys(page, ["w"])
+            chunk_w = wait_for_chunk(page, ["w"])
             page.keyboard.down("j")
-            chunk_wj = _wait_for_keys(page, ["w", "j"])
+            chunk_wj = wait_for_chunk(page, ["w", "j"])
             assert chunk_wj["index"] >= chunk_w["index"]
             page.keyboard.up("j")
             page.keyboard.up("w")
@@ -125,9 +91,9 @@ def test_browser_session_end_to_end(server: ServerProcess, tmp_path: Path) -> No
                 "() => window.worldrtc.state === 'error' || window.worldrtc.stats.g2gP50Ms !== null",
                 timeout=CHUNK_TIMEOUT_MS,
             )
-            hook = _hook(page)
-            stats = hook["stats"]
-            assert hook["state"] == "streaming", hook["error"]
+            state = hook(page)
+            stats = state["stats"]
+            assert state["state"] == "streaming", state["error"]
             assert stats["chunksReceived"] >= 2
             assert 0 < stats["g2gP50Ms"] < 20_000
             assert stats["fps"] > 0

@@ -1,0 +1,291 @@
+"""The page on a phone, its errors and its accessibility, in Debian's Chromium against the real server.
+
+One server for the module: the synthetic timing model (stage workers that hold 20, 120 and 80 ms per
+chunk and stamp frame numbers), so the page, the server, WebRTC and the workers are the real ones
+and only the world model is not; `--max-sessions 1`, so a second session meets a busy server.
+
+- Touch: a phone viewport (390 × 844, touch events through Chromium's input pipeline) walks with the
+  on-screen stick, turns with the hold button, looks by dragging the video and resets the camera;
+  every gesture reaches the server (a later chunk's applied control sequence number and keys).
+- Errors: files that are not PNG or JPEG, undecodable or too large are refused before upload with a
+  sentence and no thumbnail; a scene the server no longer has offers "Pick a scene", which fixes it;
+  a busy server is retried with backoff until the slot frees.
+- Accessibility: every control is reached with Tab and shows a focus ring, every control has an
+  accessible name, and at 200 % zoom the HUD and its stage timeline (key T) fit inside the video.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from benchmarks.local_server import ServerProcess, local_server
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, CHUNK_TIMEOUT_MS, hook, require_browser, wait_for_chunk
+
+pytestmark = pytest.mark.browser
+sync_api = require_browser()
+
+STREAM_TIMEOUT_MS = 30_000
+PYTHON_INTERNALS = re.compile(r"<[\w.]+ object at 0x|\b[A-Z]\w*(Error|Exception)\b|Traceback|BytesIO")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    log = tmp_path_factory.mktemp("page") / "server.log"
+    args = ["--model", "synthetic", "--stage-ms", "20,120,80", "--synthetic-geometry", "tiny", "--max-sessions", "1"]
+    with local_server(args, log) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def errors() -> list[str]:
+    return []
+
+
+def open_page(browser: Any, server: ServerProcess, errors: list[str], **context: Any) -> Any:
+    page = browser.new_context(**context).new_page()
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.goto(server.url + "/")
+    page.locator(".scene[data-kind='scene'] input:checked").wait_for(state="attached", timeout=15_000)
+    return page
+
+
+def wait_streaming(page: Any) -> None:
+    page.wait_for_function(
+        "() => window.worldrtc.state === 'error' || window.worldrtc.stats.framesDisplayed >= 8",
+        timeout=STREAM_TIMEOUT_MS,
+    )
+    state = hook(page)
+    assert state["state"] == "streaming", state["error"]
+
+
+def stop(page: Any) -> None:
+    page.locator("#stop-btn").click()
+    page.wait_for_function("() => window.worldrtc.state === 'closed'", timeout=5_000)
+    page.context.close()
+
+
+def no_page_errors(errors: list[str]) -> None:
+    # A refused create is logged by Chromium as a failed resource load; nothing else may appear.
+    real = [e for e in errors if "favicon" not in e and "status of 4" not in e]
+    assert not real, f"errors in the page: {real}"
+
+
+def centre(page: Any, selector: str, dx: float = 0.0, dy: float = 0.0) -> tuple[float, float]:
+    box = page.locator(selector).bounding_box()
+    assert box is not None, f"{selector} is not laid out"
+    return box["x"] + box["width"] / 2 + dx * box["width"] / 2, box["y"] + box["height"] / 2 + dy * box["height"] / 2
+
+
+class Finger:
+    """One finger on the touch screen: Chromium's own touch input (CDP), so the page gets the touch
+    and pointer events a phone's browser makes."""
+
+    def __init__(self, page: Any) -> None:
+        self.cdp = page.context.new_cdp_session(page)
+
+    def _touch(self, kind: str, x: float, y: float) -> None:
+        points = [] if kind == "touchEnd" else [{"x": x, "y": y, "id": 1}]
+        self.cdp.send("Input.dispatchTouchEvent", {"type": kind, "touchPoints": points})
+
+    def down(self, xy: tuple[float, float]) -> None:
+        self._touch("touchStart", *xy)
+
+    def move(self, xy: tuple[float, float]) -> None:
+        self._touch("touchMove", *xy)
+
+    def up(self) -> None:
+        self._touch("touchEnd", 0, 0)
+
+
+def last_seq(page: Any, kind: str) -> int:
+    seq = hook(page)["lastSeq"].get(kind)
+    assert isinstance(seq, int), f"no {kind} message was sent"
+    return seq
+
+
+def test_touch_walks_turns_looks_and_resets_on_a_phone(browser: Any, server: ServerProcess, errors: list[str]) -> None:
+    page = open_page(browser, server, errors, viewport={"width": 390, "height": 844}, has_touch=True, is_mobile=True)
+    page.locator("#start-btn").tap()
+    wait_streaming(page)
+    assert hook(page)["touchUi"]
+    assert page.locator("#touch-controls").is_visible() and not page.locator("#look-btn").is_visible()
+    assert page.evaluate("() => document.scrollingElement.scrollWidth") <= 390  # nothing sticks out sideways
+    finger = Finger(page)
+
+    finger.down(centre(page, "#stick"))
+    finger.move(centre(page, "#stick", dy=-0.8))  # push forward
+    wait_for_chunk(page, ["w"], last_seq(page, "control"), exact=True)
+    finger.move(centre(page, "#stick", dx=0.6, dy=-0.6))  # forward and right
+    wait_for_chunk(page, ["d", "w"], last_seq(page, "control"), exact=True)
+    finger.up()
+    wait_for_chunk(page, [], last_seq(page, "control"), exact=True)  # let go: nothing held
+
+    finger.down(centre(page, "#turn-right-btn"))
+    wait_for_chunk(page, ["l"], last_seq(page, "control"), exact=True)
+    finger.up()
+    wait_for_chunk(page, [], last_seq(page, "control"), exact=True)
+
+    x, y = centre(page, "#video-box", dy=-0.3)  # above the controls
+    finger.down((x, y))
+    for step in range(1, 6):
+        finger.move((x + 12 * step, y + 4 * step))
+        page.wait_for_timeout(40)
+    finger.up()
+    page.wait_for_function("() => window.worldrtc.lastSeq.look !== undefined", timeout=5_000)
+    wait_for_chunk(page, [], last_seq(page, "look"))
+
+    page.locator("#reset-btn").tap()
+    wait_for_chunk(page, [], last_seq(page, "reset_pose"))
+    assert page.locator("#hud-fps").is_visible()  # the phone HUD keeps the rows a viewer acts on
+    stop(page)
+    no_page_errors(errors)
+
+
+def test_files_that_cannot_be_a_start_image_are_refused_before_upload(
+    browser: Any, server: ServerProcess, errors: list[str], tmp_path: Path
+) -> None:
+    page = open_page(browser, server, errors, viewport={"width": 1280, "height": 800})
+    message = page.locator("#message")
+    huge = tmp_path / "huge.png"
+    with huge.open("wb") as f:
+        f.truncate(65 * 1024 * 1024)  # sparse: refused on its size, never read
+    cases = [
+        ({"name": "notes.txt", "mimeType": "text/plain", "buffer": b"hello"}, "is not a PNG or JPEG image"),
+        ({"name": "broken.png", "mimeType": "image/png", "buffer": b"\x89PNG\r\n\x1a\n garbage"}, "could not be read"),
+        (str(huge), "choose an image under 64.0 MiB"),
+    ]
+    for file, expected in cases:
+        page.locator("#image-input").set_input_files(file)
+        page.wait_for_function(
+            "(text) => document.getElementById('message').textContent.includes(text)", arg=expected, timeout=5_000
+        )
+        text = message.inner_text()
+        assert not PYTHON_INTERNALS.search(text), text
+        assert page.locator(".scene[data-kind='image']").count() == 0  # no thumbnail for it
+        assert page.locator(".scene[data-kind='scene'] input").first.is_checked()  # the choice stands
+
+    scene_png = httpx.get(server.url + "/v1/scenes/main-street").content
+    page.locator("#image-input").set_input_files({"name": "mine.png", "mimeType": "image/png", "buffer": scene_png})
+    page.locator(".scene[data-kind='image'] input:checked").wait_for(state="attached", timeout=5_000)
+    assert "Using" in message.inner_text()
+    page.context.close()
+    no_page_errors(errors)
+
+
+def test_a_missing_scene_offers_a_fix_and_a_busy_server_is_retried(
+    browser: Any, server: ServerProcess, errors: list[str]
+) -> None:
+    page = open_page(browser, server, errors, viewport={"width": 1280, "height": 800})
+
+    # A scene list that went stale (the server no longer has "atlantis"): the create is refused.
+    def stale_list(route: Any) -> None:
+        response = route.fetch()
+        body = response.json()
+        body["scenes"].insert(0, {"name": "atlantis", "url": body["scenes"][0]["url"]})
+        route.fulfill(response=response, body=json.dumps(body))
+
+    page.route("**/v1/model", stale_list)
+    page.reload()
+    page.locator(".scene[data-name='atlantis'] input:checked").wait_for(state="attached", timeout=15_000)
+    page.unroute("**/v1/model")
+    page.locator("#start-btn").click()
+    page.wait_for_function("() => window.worldrtc.state === 'error'", timeout=10_000)
+    state = hook(page)
+    assert state["errorCode"] == "unknown_scene" and state["action"] == "scene", state
+    overlay = page.locator("#overlay-text").inner_text()
+    assert "atlantis" in overlay and not PYTHON_INTERNALS.search(overlay), overlay
+    button = page.locator("#overlay-btn")
+    assert button.is_visible() and button.inner_text() == "Pick a scene"  # not "Reconnect"
+    assert page.locator("#message").inner_text() == ""  # said once, on the overlay
+    button.click()
+    page.wait_for_function("() => !document.querySelector(\".scene[data-name='atlantis']\")", timeout=10_000)
+    assert page.evaluate("() => document.activeElement.matches('.scene input:checked')")
+
+    # The only slot is taken: the page says the server is busy and tries again on its own.
+    with httpx.Client(base_url=server.url) as http:
+        other = http.post("/v1/sessions", json={}).json()
+        page.locator("#start-btn").click()
+        page.wait_for_function("() => /busy/.test(document.getElementById('overlay-text').textContent)", timeout=10_000)
+        state = hook(page)
+        assert state["action"] is None and not button.is_visible()  # a retry is coming, no button
+        assert "Trying again in" in page.locator("#overlay-text").inner_text()
+        http.delete(f"/v1/sessions/{other['session_id']}")
+    page.wait_for_function("() => window.worldrtc.state === 'streaming'", timeout=STREAM_TIMEOUT_MS)
+    stop(page)
+    no_page_errors(errors)
+
+
+FOCUS_RING = """() => {
+  const el = document.activeElement;
+  // Controls drawn by a proxy show the ring there: a scene's card, the upload button's label.
+  const ring = el.closest('.scene') || (el.id === 'image-input' ? document.querySelector('.upload-btn') : el);
+  const style = getComputedStyle(ring);
+  const ringed = style.outlineStyle !== 'none' && parseFloat(style.outlineWidth) >= 2;
+  return {id: el.id || (el.name ? `${el.type}:${el.name}` : el.tagName.toLowerCase()), ring: ringed};
+}"""
+
+UNNAMED = """() => [...document.querySelectorAll('button, input, textarea, select, summary, [tabindex]')]
+  .filter((el) => {
+    const name = el.getAttribute('aria-label') || el.getAttribute('aria-labelledby') || el.title
+      || (el.labels && el.labels.length && el.labels[0].textContent.trim()) || el.textContent.trim();
+    return !name;
+  }).map((el) => el.outerHTML.slice(0, 80))"""
+
+HUD_FITS = """() => {
+  const box = document.getElementById('video-box').getBoundingClientRect();
+  const hud = document.getElementById('hud').getBoundingClientRect();
+  const cut = [...document.querySelectorAll('#hud dt, #hud dd, #hud canvas')]
+    .filter((el) => el.offsetParent !== null)
+    .filter((el) => el.scrollWidth > el.clientWidth + 1 || el.getBoundingClientRect().right > box.right)
+    .map((el) => el.id || el.textContent);
+  return {inside: hud.bottom <= box.bottom && hud.right <= box.right, cut};
+}"""
+
+
+def test_keyboard_reaches_every_control_and_the_hud_reads_at_200_percent(
+    browser: Any, server: ServerProcess, errors: list[str], tmp_path: Path
+) -> None:
+    # 200 % zoom of a 1280 × 800 window: half as many CSS pixels, each drawn twice as large.
+    page = open_page(browser, server, errors, viewport={"width": 640, "height": 400}, device_scale_factor=2)
+    assert page.evaluate(UNNAMED) == []
+    reached: dict[str, bool] = {}
+    for _ in range(25):
+        page.keyboard.press("Tab")
+        focus = page.evaluate(FOCUS_RING)
+        if focus["id"] != "body":  # past the last control focus leaves the page, then comes round again
+            reached[focus["id"]] = focus["ring"]
+    wanted = ["video-box", "radio:scene", "image-input", "prompt", "seed", "summary", "start-btn", "timeline-btn"]
+    assert all(w in reached for w in wanted), reached
+    assert all(reached.values()), f"focused without a visible ring: {[k for k, v in reached.items() if not v]}"
+
+    page.locator("#start-btn").focus()
+    page.keyboard.press("Enter")
+    wait_streaming(page)
+    page.keyboard.press("t")  # focus is on the video now: T toggles the timeline
+    assert page.locator("#timeline-btn").get_attribute("aria-pressed") == "true"
+    page.wait_for_function("() => (window.worldrtc.timelineDrawn || {bars: 0}).bars >= 6", timeout=CHUNK_TIMEOUT_MS)
+    drawn = hook(page)["timelineDrawn"]
+    assert drawn["lanes"] == ["encode", "dit", "decode"], drawn
+    label = page.locator("#hud-timeline").get_attribute("aria-label")
+    assert "chunks" in label and "frames buffered" in label, label
+    fits = page.evaluate(HUD_FITS)
+    assert fits["inside"] and fits["cut"] == [], fits
+    page.screenshot(path=str(tmp_path / "zoom-200.png"))
+    stop(page)
+    no_page_errors(errors)
