@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import base64
-import re
 import io
+import re
 
 import pytest
 from fastapi.testclient import TestClient
