@@ -63,6 +63,7 @@ from workers.chunk_geometry import chunk_num_frames
 from workers.controls import ChunkControl, ControlState, client_contract
 from workers.models.presets import ModelPreset
 from workers.runtime.engine import PipelineEngine
+from workers.runtime.messages import RAISED
 from workers.runtime.records import ChunkOutput
 from workers.runtime.scheduler import Hold
 from workers.runtime.supervisor import EngineError
@@ -521,8 +522,7 @@ class ServerSession:
 
     def _on_engine_end(self, error: str | None) -> None:
         if error is not None and self.state in ACTIVE:
-            # The stage's exception is for the operator (log, REST `error`), not for the viewer.
-            why = "the world model failed while generating (the server's log says why); start a new session"
+            why = generation_failed_reason(error)
             self._spawn(self.close(EndReason.GENERATION_FAILED, why, detail=f"generation failed: {error}"), "close")
 
     def _count(self, result: str) -> None:
@@ -648,6 +648,13 @@ class ServerSession:
     def _send_error(self, code: str, message: str) -> None:
         self.metrics.errors.labels(code).inc()
         self._send(ErrorMsg(code=code, message=message))
+
+
+def generation_failed_reason(error: str) -> str:
+    """What a viewer reads when the engine fails its session: which stage, and what to do. A stage's
+    exception (after RAISED) is for the operator: the log and the REST record's `error`."""
+    stage, raised, _ = error.partition(RAISED)
+    return f"generation failed: {stage + ' stopped with an error' if raised else error}; start a new session"
 
 
 def _median(samples: deque[float]) -> float | None:

@@ -64,7 +64,7 @@ def test_bad_inputs_fail_clearly(engine: SerialEngine, tmp_path) -> None:
         engine.create_session(IMAGE, "", chunk_latent_frames=50)
     bad = tmp_path / "not-an-image.png"
     bad.write_bytes(b"definitely not a png")
-    with pytest.raises(ImageError, match="unreadable"):
+    with pytest.raises(ImageError, match="not an image"):
         engine.create_session(bad, "")
     with pytest.raises(ImageError, match="not found"):
         engine.create_session(tmp_path / "missing.png", "")

@@ -162,6 +162,11 @@ class StageStats:
     peak_memory: PeakMemory
 
 
+# Between a stage's name and the exception it raised, in StageFailed.error: a viewer is told which
+# stage failed, the operator's log gets the rest (server/session.py).
+RAISED = " raised "
+
+
 @dataclass(frozen=True)
 class StageFailed:
     """A command failed. `fatal`: the worker is exiting (its whole stage must be restarted)."""

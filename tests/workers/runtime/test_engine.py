@@ -16,6 +16,7 @@ import signal
 
 import pytest
 
+from server.session import generation_failed_reason
 from tests.support.engine import (
     CONTROLS,
     IMAGE,
@@ -103,6 +104,9 @@ def test_worker_exception_fails_only_its_session(tmp_path) -> None:
         engine.open_session(IMAGE, "", 1, control_source(CONTROLS), bad.on_chunk, bad.on_end, max_chunks=3)
         chunks, error = bad.collect()
         assert error is not None and "encode stage" in error and "boom in encode" in error
+        # The viewer is told which stage, not the exception (that stays in the log).
+        told = generation_failed_reason(error)
+        assert "encode stage (rank 0) stopped with an error" in told and "boom" not in told and "Error" not in told
         # Encode runs ahead, so chunk 1's failure may overtake chunk 0's frames: at most chunk 0 arrives.
         assert [o.index for o in chunks] in ([], [0])
         # The same workers keep serving other sessions.
