@@ -1034,6 +1034,14 @@
       .map(([key]) => key);
   }
 
+  // The stick holds exactly `keys` (as "stick:<key>" codes), whatever the keyboard holds besides.
+  function holdStickKeys(s, keys) {
+    for (const code of [...s.heldCodes.keys()]) {
+      if (code.startsWith("stick:") && !keys.includes(code.slice(6))) releaseCode(s, code);
+    }
+    for (const key of keys) holdKey(s, `stick:${key}`, key);
+  }
+
   function wireStick() {
     let pointer = null;
     const move = (ev) => {
@@ -1044,22 +1052,14 @@
       const len = Math.hypot(dx, dy);
       if (len > 1) [dx, dy] = [dx / len, dy / len];
       el.stickKnob.style.transform = `translate(${dx * 50}%, ${dy * 50}%)`;
-      const s = current;
-      if (!sessionActive()) return;
-      const want = new Set(stickKeys(dx, dy));
-      for (const code of [...s.heldCodes.keys()].filter((c) => c.startsWith("stick:"))) {
-        if (!want.has(code.slice(6))) releaseCode(s, code);
-      }
-      for (const key of want) holdKey(s, `stick:${key}`, key);
+      if (sessionActive()) holdStickKeys(current, stickKeys(dx, dy));
     };
     const end = (ev) => {
       if (ev.pointerId !== pointer) return;
       pointer = null;
       el.stickKnob.style.transform = "";
       el.stick.classList.remove("active");
-      if (current && !current.closing) {
-        for (const code of [...current.heldCodes.keys()].filter((c) => c.startsWith("stick:"))) releaseCode(current, code);
-      }
+      if (current && !current.closing) holdStickKeys(current, []);
     };
     el.stick.addEventListener("pointerdown", (ev) => {
       if (pointer !== null) return;
