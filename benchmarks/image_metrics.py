@@ -35,3 +35,15 @@ def ssim(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     sxx, syy, sxy = blur(x * x) - mx**2, blur(y * y) - my**2, blur(x * y) - mx * my
     s = ((2 * mx * my + c1) * (2 * sxy + c2)) / ((mx**2 + my**2 + c1) * (sxx + syy + c2))
     return s.mean(dim=(1, 2, 3)).numpy()
+
+
+_LAPLACIAN = torch.tensor([[0.0, 1.0, 0.0], [1.0, -4.0, 1.0], [0.0, 1.0, 0.0]], dtype=torch.float64)
+
+
+def laplacian_variance(frames: np.ndarray) -> np.ndarray:
+    """[T, H, W, 3] uint8 -> [T] variance of the Laplacian of each frame's luma (valid region): the
+    high-frequency energy a blurred frame lacks (edges, texture), 0 for a flat one."""
+    rgb = torch.from_numpy(frames).double()
+    luma = (rgb @ torch.tensor([0.299, 0.587, 0.114], dtype=torch.float64))[:, None]  # [T, 1, H, W]
+    lap = F.conv2d(luma, _LAPLACIAN[None, None])
+    return lap.flatten(1).var(dim=1).numpy()
