@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from benchmarks.stats import environment, peak_rss_bytes, summarize
-from benchmarks.timeline import write_picture
+from benchmarks.timeline import picture_path, write_picture
 from benchmarks.trace import Trace, TraceReplayer
 from benchmarks.video import Mp4Writer
 from workers.chunk_geometry import chunk_first_frame, chunk_num_frames
@@ -94,11 +94,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, required=True, help="where to write RUN.json")
     p.add_argument("--video", type=Path, default=None, help="where to write the MP4 (optional)")
     p.add_argument("--frames", type=Path, default=None, help="where to write every frame, uint8 [N, H, W, 3] .npy")
-    p.add_argument("--timeline", type=Path, default=None, help="also draw the stage timeline (.png/.svg)")
+    p.add_argument("--timeline", type=picture_path, default=None, help="also draw the stage timeline (.png/.svg)")
     p.add_argument("--quiet", action="store_true", help="no per-chunk progress lines")
     args = p.parse_args(argv)
-    if args.timeline is not None and args.timeline.suffix not in (".png", ".svg"):
-        p.error("--timeline must end in .png or .svg")
     if args.chunks < 1:
         p.error("--chunks must be at least 1")
     if args.threads is not None and args.threads < 1:

@@ -184,10 +184,16 @@ def draw(reports: list[dict[str, Any]], out: Path, names: list[str] | None = Non
     plt.close(fig)
 
 
+def picture_path(text: str) -> Path:
+    """argparse type of every timeline picture option: a .png or .svg path, refused before any run."""
+    path = Path(text)
+    if path.suffix not in (".png", ".svg"):
+        raise argparse.ArgumentTypeError(f"the timeline picture must end in .png or .svg, got {path.name!r}")
+    return path
+
+
 def write_picture(reports: list[dict[str, Any]], out: Path, names: list[str] | None = None) -> str | None:
     """`draw`, for the benchmarks' `--timeline`: None when written, else why not (for the user)."""
-    if out.suffix not in (".png", ".svg"):
-        return f"the timeline must end in .png or .svg, got {out.name!r}"
     if not all(timeline_bars(r) for r in reports):
         return "the run has no stage spans to draw"
     try:
@@ -216,11 +222,9 @@ def _reports_of(source: str, data: dict[str, Any]) -> list[tuple[str, dict[str, 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.timeline", description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", help="one report (file or timeline URL), or two for an A/B")
-    p.add_argument("--out", type=Path, required=True, help="the picture: .png or .svg")
+    p.add_argument("--out", type=picture_path, required=True, help="the picture: .png or .svg")
     p.add_argument("--token", default=None, help="for a URL: the session's token or the server's API token")
     args = p.parse_args(argv)
-    if args.out.suffix not in (".png", ".svg"):
-        p.error("--out must end in .png or .svg")
     named = [pair for source in args.runs for pair in _reports_of(source, read_report(source, args.token))]
     if len(named) > 2:
         p.error(f"one report, or two for an A/B (got {len(named)})")

@@ -39,7 +39,7 @@ import httpx
 
 from benchmarks.delivery import analyze
 from benchmarks.local_server import local_server
-from benchmarks.timeline import write_picture
+from benchmarks.timeline import picture_path, write_picture
 from benchmarks.trace import Trace
 from server.dispatch import DispatchPolicy
 from workers.chunk_geometry import VAE_TIME_STRIDE
@@ -64,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--token", default=None, help="API token, if the server requires one")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument(
-        "--timeline", type=Path, default=None, help="also draw each run's first viewer's stage timeline (.png/.svg)"
+        "--timeline", type=picture_path, default=None, help="also draw each run's first viewer's timeline (.png/.svg)"
     )
     args = p.parse_args(argv)
     if args.viewers < 1 or args.duration_s <= 0:

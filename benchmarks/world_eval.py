@@ -13,9 +13,10 @@ evaluation seed (see workers/training/clips.py), none of them seen in training:
   (variance of the Laplacian of luma) over the renderer's: 1 when as detailed, → 0 when blurred
   (PSNR over sky and floor does not see blur; this does).
 - Geometry: where the view must change shape fast. Wall approach: starts facing a wall 3–4 m
-  ahead, walking straight at it for 2.8 s (by 1–2 s it is 1–3 m away and twice as tall in view). Corner: starts facing a
-  wall 1–3 m ahead with open street (≥ 5 m) 60° to one side, walking while turning that way (the
-  view sweeps past the wall's corner). SSIM at 1–2 s against the renderer, per kind.
+  ahead, walking straight at it for 2.8 s (by 1–2 s it is 1–3 m away and twice as tall in view).
+  Corner: starts facing a wall 1–3 m ahead with open street (≥ 5 m) 60° to one side, walking while
+  turning that way (the view sweeps past the wall's corner). SSIM at 1–2 s against the renderer,
+  per kind (PSNR and sharpness beside it).
 - Controllability: from each start, generate 1 s under each of forward, back, turn-left and
   turn-right; a trial is right when the generated clip is closer (by PSNR) to the renderer's clip
   for that control than to those of the other three. Starts are chosen with room to walk both ways.
@@ -79,6 +80,7 @@ TARGETS = {
 EVAL_SEED = 0
 GEOMETRY_CHUNKS = 3  # 13 + 2·16 = 45 frames, 2.8 s: the 1–2 s window and the wall up close
 GEOMETRY_SEARCH_OFFSET = 20_000  # geometry starts are drawn from their own eval-split items
+GEOMETRY_SEARCH_LIMIT = 20_000  # eval-split items tried per kind before giving up
 WALL_AHEAD_M = (3.0, 4.0)
 CORNER_AHEAD_M = (1.0, 3.0)
 CORNER_OPEN_M = 5.0
@@ -276,6 +278,8 @@ def geometry(engine: SerialEngine, world: World, spec: ClipSpec, clips: int) -> 
     for kind in ("wall", "corner"):
         index, scores = GEOMETRY_SEARCH_OFFSET, list[dict[str, Any]]()
         while len(scores) < clips:
+            if index >= GEOMETRY_SEARCH_OFFSET + GEOMETRY_SEARCH_LIMIT:
+                raise RuntimeError(f"only {len(scores)} {kind} clips in {GEOMETRY_SEARCH_LIMIT} held-out starts")
             rng = split_rng(EVAL_SEED, "eval", index)
             index += 1
             start = sample_start(rng, world, "eval")
@@ -293,12 +297,8 @@ def geometry(engine: SerialEngine, world: World, spec: ClipSpec, clips: int) -> 
                     "sharpness_1_2s": _sharpness(laplacian_variance(made), laplacian_variance(truth), fps, 1.0, 2.0),
                 }
             )
-        result[kind] = {
-            "ssim_1_2s": float(np.mean([s["ssim_1_2s"] for s in scores])),
-            "psnr_db_1_2s": float(np.mean([s["psnr_db_1_2s"] for s in scores])),
-            "sharpness_1_2s": float(np.mean([s["sharpness_1_2s"] for s in scores])),
-            "clips": scores,
-        }
+        figures = ("ssim_1_2s", "psnr_db_1_2s", "sharpness_1_2s")
+        result[kind] = {f: float(np.mean([s[f] for s in scores])) for f in figures} | {"clips": scores}
         _log(f"geometry {kind}: SSIM {result[kind]['ssim_1_2s']:.3f} at 1–2 s over {clips} clips")
     return result
 
