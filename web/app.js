@@ -407,7 +407,7 @@
       body,
       startedAt, // performance.now() of the Start click (first-frame time counts from here)
       id: null,
-      url: null, // the session's REST resource, on the node that holds it
+      url: null, // the session's REST resource, on the node that holds it (set with id)
       token: null,
       pc: null,
       dc: null,
@@ -461,6 +461,8 @@
     try {
       const created = await api("POST", "/v1/sessions", body);
       s.id = created.session_id;
+      // Behind a balancer the session lives on one node: its routes are the URLs the create returned.
+      s.url = created.session_url || `/v1/sessions/${encodeURIComponent(s.id)}`;
       s.token = created.token || null;
       if (!alive(s)) {
         deleteSession(s); // stopped while the create request was in flight
@@ -484,8 +486,6 @@
       await waitIceGathering(pc, ICE_GATHER_TIMEOUT_MS);
       if (!alive(s)) return;
       const local = pc.localDescription;
-      // Behind a balancer the session lives on one node: its routes are the URLs the create returned.
-      s.url = created.session_url || `/v1/sessions/${encodeURIComponent(s.id)}`;
       const answer = await api("POST", created.offer_url || `${s.url}/offer`,
         { sdp: local.sdp, type: local.type }, s.token);
       if (!alive(s)) return;
@@ -701,8 +701,7 @@
     s.deleted = true;
     const headers = s.token ? { Authorization: `Bearer ${s.token}` } : {};
     // keepalive lets the DELETE finish while the page unloads; 404 (already gone) is fine.
-    const url = s.url || `/v1/sessions/${encodeURIComponent(s.id)}`;
-    fetch(url, { method: "DELETE", headers, keepalive: true }).catch(() => {});
+    fetch(s.url, { method: "DELETE", headers, keepalive: true }).catch(() => {});
   }
 
   // ---------------------------------------------------------------- server messages
@@ -1187,7 +1186,7 @@
   async function pollTimeline() {
     const s = current;
     if (!s || s.closing || !s.id || hook.state !== "streaming") return;
-    const url = `${s.url || `/v1/sessions/${encodeURIComponent(s.id)}`}/timeline?window_s=${TIMELINE_WINDOW_S}`;
+    const url = `${s.url}/timeline?window_s=${TIMELINE_WINDOW_S}`;
     try {
       const report = await api("GET", url, undefined, s.token);
       if (s !== current || el.hudStrip.hidden) return;
