@@ -4,10 +4,12 @@
     python -m workers.training --phase vae          # one phase
     python -m workers.training --install            # ... then copy the weights into the package
     python -m workers.training --dit-init bundled   # the DiT starts from the installed weights' DiT
+    python -m workers.training --vae-init bundled   # keep the installed VAE (fine-tune the DiT only)
 
 Phases run in order; each resumes from its checkpoint, and skips itself when its output exists
 (delete that file to redo it):
   vae      train the VAE on rendered frames, then clips -> vae.ckpt.pt, vae.safetensors (+ vae.json)
+           (or, with --vae-init, copy another checkpoint's VAE and its training record)
   latents  render and encode the DiT's clips -> latents.pt
   moves    many more starts, one chunk each of single moves -> moves.pt (the DiT's first-chunk steps)
   dit      train the causal DiT              -> dit.ckpt.pt
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -63,8 +66,22 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         default=VAETrainConfig.long_stream_steps,
         help="the VAE's last steps on long streams (truncated backpropagation through its caches)",
     )
+    p.add_argument(
+        "--vae-init",
+        default=None,
+        help="take the VAE from this checkpoint directory ('bundled': the installed preset's) instead of "
+        "training one; its model card's VAE record carries over",
+    )
     p.add_argument("--dit-steps", type=int, default=DiTTrainConfig.steps)
     p.add_argument("--dit-batch", type=int, default=DiTTrainConfig.batch)
+    p.add_argument("--dit-lr", type=float, default=DiTTrainConfig.lr, help="peak learning rate")
+    p.add_argument("--last-step-prob", type=float, default=DiTTrainConfig.last_step_prob)
+    p.add_argument(
+        "--rollout-share",
+        type=float,
+        default=DiTTrainConfig.rollout_share,
+        help="share of whole-clip steps whose history is the model's own samples",
+    )
     p.add_argument(
         "--dit-init",
         default=None,
@@ -72,6 +89,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "preset's); the default is random weights",
     )
     p.add_argument("--starts", type=int, default=LatentSetConfig.starts, help="start poses in the DiT data set")
+    p.add_argument("--chunks", type=int, default=LatentSetConfig.chunks, help="chunks per walk in the DiT data set")
     p.add_argument(
         "--move-starts", type=int, default=MOVE_STARTS, help="start poses in the first-chunk set of single moves"
     )
@@ -102,6 +120,9 @@ def phase_vae(args: argparse.Namespace, preset: ModelPreset, world: World) -> No
     if final.is_file():
         print(f"[vae] {final} exists, skipping", flush=True)
         return
+    if args.vae_init is not None:
+        _copy_vae(_init_dir(args.vae_init, preset), args.out)
+        return
     cfg = _vae_config(args)
     vae = train_vae(preset, world, args.out, cfg, torch.device(args.device))
     stats = fold_latent_stats(vae, *measure_latent_stats(vae, world, preset, args.seed))
@@ -114,6 +135,18 @@ def phase_vae(args: argparse.Namespace, preset: ModelPreset, world: World) -> No
         "latent_stats_folded": stats,
     }
     (args.out / "vae.json").write_text(json.dumps(info, indent=2))
+
+
+def _copy_vae(source: Path, out: Path) -> None:
+    """Another checkpoint's VAE (latent statistics already folded) and, from its model card, the
+    record of how it was trained, as the vae phase would have written them."""
+    card = json.loads((source / loading.MODEL_CARD).read_text())
+    record = card["training"]["vae"]
+    info = {"config": record["history"][-1]["config"], "wall_s": record["wall_s"], "history": record["history"]}
+    info["from"] = str(source)
+    shutil.copyfile(source / loading.VAE_SAFETENSORS, out / "vae.safetensors")
+    (out / "vae.json").write_text(json.dumps(info, indent=2))
+    print(f"[vae] copied from {source}", flush=True)
 
 
 def load_trained_vae(out: Path, preset: ModelPreset) -> WanVAE:
@@ -131,7 +164,8 @@ def _build_set(args: argparse.Namespace, preset: ModelPreset, name: str, cfg: La
 
 
 def phase_latents(args: argparse.Namespace, preset: ModelPreset) -> None:
-    _build_set(args, preset, "latents", LatentSetConfig(starts=args.starts, seed=args.seed, workers=args.workers))
+    cfg = LatentSetConfig(starts=args.starts, chunks=args.chunks, seed=args.seed, workers=args.workers)
+    _build_set(args, preset, "latents", cfg)
 
 
 def phase_moves(args: argparse.Namespace, preset: ModelPreset) -> None:
@@ -139,17 +173,23 @@ def phase_moves(args: argparse.Namespace, preset: ModelPreset) -> None:
 
 
 def _dit_config(args: argparse.Namespace) -> DiTTrainConfig:
-    return DiTTrainConfig(steps=args.dit_steps, batch=args.dit_batch, seed=args.seed)
+    return DiTTrainConfig(
+        steps=args.dit_steps,
+        batch=args.dit_batch,
+        lr=args.dit_lr,
+        last_step_prob=args.last_step_prob,
+        rollout_share=args.rollout_share,
+        seed=args.seed,
+    )
 
 
-def _dit_init(args: argparse.Namespace, preset: ModelPreset) -> Path | None:
-    if args.dit_init is None:
-        return None
-    if args.dit_init != "bundled":
-        return Path(args.dit_init)
+def _init_dir(value: str, preset: ModelPreset) -> Path:
+    """A checkpoint directory to start from: a path, or 'bundled' for the installed preset's."""
+    if value != "bundled":
+        return Path(value)
     bundled = loading.checkpoint_dir_for(preset, None)
     if bundled is None:
-        raise SystemExit(f"--dit-init bundled: preset {preset.name!r} ships no weights")
+        raise SystemExit(f"'bundled': preset {preset.name!r} ships no weights")
     return bundled
 
 
@@ -159,9 +199,8 @@ def phase_dit(args: argparse.Namespace, preset: ModelPreset) -> None:
     first = LatentSet.first_chunks([data, moves], preset.chunk_latent_frames)
     print(f"[dit] {len(data)} walks; first-chunk steps draw from {len(first)} clips", flush=True)
     text = random_text_encoder(preset)
-    train_dit(
-        preset, data, text, args.out, _dit_config(args), torch.device(args.device), first, _dit_init(args, preset)
-    )
+    init = None if args.dit_init is None else _init_dir(args.dit_init, preset)
+    train_dit(preset, data, text, args.out, _dit_config(args), torch.device(args.device), first, init)
 
 
 def phase_export(args: argparse.Namespace, preset: ModelPreset) -> Path:

@@ -33,6 +33,7 @@ reaches after ~2600. The checkpoint and the model card record where the weights 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -45,13 +46,13 @@ import torch
 
 from workers.models import loading
 from workers.models.camera import CameraTrack
-from workers.models.dit import WanDiT
+from workers.models.dit import ChunkCamera, WanDiT
 from workers.models.kv_cache import KVCacheSpec, SessionKVCache
 from workers.models.presets import ModelPreset
 from workers.models.random_init import init_random_weights
 from workers.models.t5 import TextEncoder, UMT5Encoder
 from workers.models.tokenizer import load_tokenizer
-from workers.stages.denoise import make_sampler
+from workers.stages.denoise import make_sampler, noise_generator
 from workers.training import checkpoint
 from workers.training.latents import control_from_dict
 from workers.training.progress import Progress
@@ -71,6 +72,9 @@ class DiTTrainConfig:
     camera_lr_scale: float = 4.0
     warmup_steps: int = 100
     last_step_prob: float = 0.4  # how often a chunk is noised to the sampler's last timestep
+    # Share of whole-clip steps that roll out (see `train_step`): every chunk but the last is then
+    # committed as inference commits it, from the sampler's whole chain started at noise.
+    rollout_share: float = 0.0
     # Share of steps that train only the clips' first chunk, at twice the batch. The first chunk is
     # where a session starts from a real image and where the camera must take the view somewhere;
     # it costs a quarter of a clip, so these steps see 2× the clips at about half the cost.
@@ -203,6 +207,20 @@ def make_optimizer(dit: WanDiT, cfg: DiTTrainConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.01)
 
 
+def _velocity(
+    dit: WanDiT,
+    cond: torch.Tensor,
+    text_kv: list[tuple[torch.Tensor, torch.Tensor]],
+    camera: ChunkCamera,
+    start_frame: int,
+    cache: SessionKVCache,
+    x_t: torch.Tensor,
+    t: torch.Tensor,
+) -> torch.Tensor:
+    """The sampler's model call for one chunk of a batch: an uncommitted forward at timestep `t`."""
+    return dit(x_t, cond, t.expand(x_t.shape[0]), text_kv, camera, start_frame, cache, commit=False)
+
+
 def train_step(
     dit: WanDiT,
     preset: ModelPreset,
@@ -212,10 +230,18 @@ def train_step(
     text: list[torch.Tensor],
     gen: torch.Generator,
     last_step_prob: float,
+    rollout: bool = False,
 ) -> tuple[torch.Tensor, list[float]]:
-    """One clip batch through the causal chunk loop; returns the loss and per-chunk x0 MSE."""
+    """One clip batch through the causal chunk loop; returns the loss and per-chunk x0 MSE.
+
+    `rollout`: each chunk but the last is committed as the model's own sample, drawn with the
+    inference sampler from noise (no gradient), so every later chunk is scored against the truth
+    from a history the model made itself, as in a live session. Teacher-forced histories (the
+    default) never show the model its own accumulated error, which is what drift is.
+    """
     cfg, chunk = preset.dit, preset.chunk_latent_frames
-    schedule = make_sampler(preset).schedule
+    sampler = make_sampler(preset)
+    schedule = sampler.schedule
     b, _, frames = x0.shape[:3]
     spec = KVCacheSpec(
         num_layers=cfg.num_layers,
@@ -251,8 +277,18 @@ def train_step(
         if k + 1 == frames // chunk:
             break  # nothing attends to the last chunk's commit
         cache.detach_()  # the staged K/V are saved for backward: commit into fresh buffers
-        committed = torch.where(last.view(b, 1, 1, 1, 1).to(device), pred.detach(), clean)
         with torch.no_grad():
+            if rollout:
+                # The sampler draws its re-noising on the device: seed a device generator from `gen`.
+                chain = noise_generator(device, int(torch.randint(2**62, (1,), generator=gen)))
+                start = torch.randn(clean.shape, generator=gen).to(device)
+                committed = sampler.sample(
+                    start,
+                    functools.partial(_velocity, dit, c, text_kv, camera, k * chunk, cache),
+                    chain,
+                )
+            else:
+                committed = torch.where(last.view(b, 1, 1, 1, 1).to(device), pred.detach(), clean)
             dit(committed, c, torch.zeros(b, device=device), text_kv, camera, k * chunk, cache, commit=True)
     return total / (frames // chunk), per_chunk
 
@@ -294,6 +330,7 @@ def train_dit(
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         rng = np.random.default_rng([cfg.seed, step])
         first_only = rng.random() < cfg.first_chunk_share
+        rollout = not first_only and rng.random() < cfg.rollout_share
         source = first_data if first_only else data
         batch = min(2 * cfg.batch, len(source)) if first_only else cfg.batch
         frames = preset.chunk_latent_frames if first_only else data.frames
@@ -303,7 +340,7 @@ def train_dit(
         for group in opt.param_groups:
             group["lr"] = group["lr_scale"] * lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
-            loss, per_chunk = train_step(dit, preset, x0, cond, cams, text, gen, cfg.last_step_prob)
+            loss, per_chunk = train_step(dit, preset, x0, cond, cams, text, gen, cfg.last_step_prob, rollout)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(dit.parameters(), 1.0)

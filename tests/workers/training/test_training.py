@@ -170,6 +170,29 @@ def test_dit_training_loss_goes_down_and_resumes(world: World, tmp_path: Path) -
     assert all(torch.equal(v, resumed.state_dict()[k]) for k, v in state["model"].items())
 
 
+def test_rollout_history_is_the_models_own_sample_not_the_truth(tmp_path: Path) -> None:
+    data = two_walks(tmp_path)
+    dit = new_dit(SMALL, 0)
+    text = random_text_encoder(SMALL).encode(["", ""])
+    x0, cond, cams = data.batch(torch.tensor([0, 1]))
+    chunk = SMALL.chunk_latent_frames
+    other_first_chunk = x0.clone()
+    other_first_chunk[:, :, :chunk] = x0[:, :, :chunk].flip(0)  # each clip gets the other's first chunk
+
+    def chunk_losses(latents: torch.Tensor, rollout: bool) -> list[float]:
+        gen = torch.Generator().manual_seed(3)
+        # last_step_prob 0: a teacher-forced history is the truth itself.
+        return train_step(dit, SMALL, latents, cond, cams, text, gen, 0.0, rollout)[1]
+
+    with torch.no_grad():
+        forced, forced_other = chunk_losses(x0, False), chunk_losses(other_first_chunk, False)
+        rolled, rolled_other = chunk_losses(x0, True), chunk_losses(other_first_chunk, True)
+    assert rolled[0] == forced[0]  # the first chunk has no history either way
+    assert forced_other[1] != forced[1]  # teacher forcing: chunk 1 sees the true chunk 0
+    # Rolled out, chunk 1 sees the model's sample of chunk 0, which the true chunk 0 does not enter.
+    assert rolled_other[1] == rolled[1] and rolled[1] != forced[1]
+
+
 def test_dit_warm_start_loads_another_checkpoint_and_records_it(tmp_path: Path) -> None:
     data = two_walks(tmp_path)
     source = tmp_path / "source"
