@@ -20,7 +20,9 @@ inference samples it, and committed, and each chunk is scored against the truth 
 shipped weights, a rollout's x0 error at chunk 8 of a walk is 3.6x that of a teacher-forced one.
 Yet regressing rolled-out chunks to the truth did not help: an 800-step fine-tune of those weights
 (8-chunk walks, rollout_share 0.7) scored lower on every world_eval figure (PSNR 1-2 s 20.4 -> 19.0
-dB, drift 15.0 -> 14.6 dB), so the shipped weights use none.
+dB, drift 15.0 -> 14.6 dB), so the shipped weights use none. A teacher-forced fine-tune on the same
+data (600 walks, smaller than the shipped run's) also scored lower, so that test does not yet
+settle what rollouts are worth.
 
 Conditioning matches inference: the image condition is the stored start-image stream, the camera
 is the server's integration of the clip's keys (`CameraTrack`), and the prompt is drawn from a small
