@@ -121,7 +121,7 @@ def phase_vae(args: argparse.Namespace, preset: ModelPreset, world: World) -> No
         print(f"[vae] {final} exists, skipping", flush=True)
         return
     if args.vae_init is not None:
-        _copy_vae(_init_dir(args.vae_init, preset), args.out)
+        _copy_vae(_init_dir("--vae-init", args.vae_init, preset), args.out)
         return
     cfg = _vae_config(args)
     vae = train_vae(preset, world, args.out, cfg, torch.device(args.device))
@@ -142,8 +142,12 @@ def _copy_vae(source: Path, out: Path) -> None:
     record of how it was trained, as the vae phase would have written them."""
     card = json.loads((source / loading.MODEL_CARD).read_text())
     record = card["training"]["vae"]
-    info = {"config": record["history"][-1]["config"], "wall_s": record["wall_s"], "history": record["history"]}
-    info["from"] = str(source)
+    info = {
+        "config": record["history"][-1]["config"],
+        "wall_s": record["wall_s"],
+        "history": record["history"],
+        "from": str(source),
+    }
     shutil.copyfile(source / loading.VAE_SAFETENSORS, out / "vae.safetensors")
     (out / "vae.json").write_text(json.dumps(info, indent=2))
     print(f"[vae] copied from {source}", flush=True)
@@ -183,13 +187,13 @@ def _dit_config(args: argparse.Namespace) -> DiTTrainConfig:
     )
 
 
-def _init_dir(value: str, preset: ModelPreset) -> Path:
+def _init_dir(flag: str, value: str, preset: ModelPreset) -> Path:
     """A checkpoint directory to start from: a path, or 'bundled' for the installed preset's."""
     if value != "bundled":
         return Path(value)
     bundled = loading.checkpoint_dir_for(preset, None)
     if bundled is None:
-        raise SystemExit(f"'bundled': preset {preset.name!r} ships no weights")
+        raise SystemExit(f"{flag} bundled: preset {preset.name!r} ships no weights")
     return bundled
 
 
@@ -199,7 +203,7 @@ def phase_dit(args: argparse.Namespace, preset: ModelPreset) -> None:
     first = LatentSet.first_chunks([data, moves], preset.chunk_latent_frames)
     print(f"[dit] {len(data)} walks; first-chunk steps draw from {len(first)} clips", flush=True)
     text = random_text_encoder(preset)
-    init = None if args.dit_init is None else _init_dir(args.dit_init, preset)
+    init = None if args.dit_init is None else _init_dir("--dit-init", args.dit_init, preset)
     train_dit(preset, data, text, args.out, _dit_config(args), torch.device(args.device), first, init)
 
 
