@@ -38,7 +38,8 @@ first-chunk steps): control is learned last, and most slowly.
 Warm start (`init_from`): a DiT trained on another VAE's latents is a far better start than random
 weights. Only the latent space changes; what the blocks know of the town, of motion and of the
 camera carries over, so the first ~600 steps on the new latents reach the loss a random start
-reaches after ~2600. The checkpoint and the model card record where the weights came from.
+reaches after ~2600. A source with fewer blocks than the preset is deepened with identity blocks
+(`workers/training/grow.py`). The checkpoint and the model card record where the weights came from.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from workers.models.t5 import TextEncoder, UMT5Encoder
 from workers.models.tokenizer import load_tokenizer
 from workers.stages.denoise import make_sampler, noise_generator
 from workers.training import checkpoint
+from workers.training.grow import load_grown
 from workers.training.latents import control_from_dict
 from workers.training.progress import Progress
 from workers.training.vae_train import lr_at
@@ -186,7 +188,7 @@ def warm_start(dit: WanDiT, checkpoint_dir: Path) -> dict:
     the record the checkpoint keeps: the source, the digest of its weights (the source may later be
     overwritten, e.g. by installing the new weights over the bundled ones) and, from its model card,
     how it was trained."""
-    dit.load_state_dict(loading.read_dit_state(checkpoint_dir, "cpu"), strict=True)
+    trained_layers = load_grown(dit, loading.read_dit_state(checkpoint_dir, "cpu"))
     digest = hashlib.sha256()
     for shard in loading.dit_shards(checkpoint_dir):
         digest.update(shard.read_bytes())
@@ -199,6 +201,8 @@ def warm_start(dit: WanDiT, checkpoint_dir: Path) -> dict:
         "dit_steps": source.get("steps"),
         "dit_wall_s": source.get("wall_s"),
         "dit_init": source.get("init"),
+        # A shallower source was deepened with identity blocks (workers/training/grow.py).
+        "grown_from_layers": trained_layers if trained_layers != len(dit.blocks) else None,
     }
 
 

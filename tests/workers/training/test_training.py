@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from workers.models import loading
-from workers.models.presets import GRIDWORLD
+from workers.models.presets import GRIDWORLD, ModelPreset
 from workers.models.vae import WanVAE
 from workers.training.clips import WORLD_SEED, ClipSpec, frames_to_model, heldout_cell, sample_start, split_rng
 from workers.training.dit_train import (
@@ -25,6 +25,7 @@ from workers.training.dit_train import (
     train_step,
     warm_start,
 )
+from workers.training.grow import block_sources
 from workers.training.latents import MOVES, LatentSetConfig, build_latent_set, control_from_dict, first_chunk_set
 from workers.training.vae_train import (
     VAETrainConfig,
@@ -205,7 +206,8 @@ def test_dit_warm_start_loads_another_checkpoint_and_records_it(tmp_path: Path) 
     record = warm_start(fresh, source)
     assert all(torch.equal(v, trained.state_dict()[k]) for k, v in fresh.state_dict().items())
     digest = hashlib.sha256((source / loading.DIT_SUBDIR / "model.safetensors").read_bytes()).hexdigest()
-    assert record == {"from": str(source), "sha256": digest, "dit_steps": 1234, "dit_wall_s": 5.0, "dit_init": None}
+    expected = {"from": str(source), "sha256": digest, "dit_steps": 1234, "dit_wall_s": 5.0, "dit_init": None}
+    assert record == expected | {"grown_from_layers": None}
 
     run = tmp_path / "run"
     text_encoder = random_text_encoder(SMALL)
@@ -217,6 +219,33 @@ def test_dit_warm_start_loads_another_checkpoint_and_records_it(tmp_path: Path) 
     train_dit(SMALL, data, text_encoder, run, replace(one_step, steps=2), init_from=tmp_path / "elsewhere")
     state = torch.load(run / "dit.ckpt.pt", weights_only=False)
     assert state["step"] == 2 and state["init"] == record
+
+
+def test_a_deeper_dit_warm_started_from_a_shallower_one_starts_as_it_and_can_learn(tmp_path: Path) -> None:
+    data = two_walks(tmp_path)
+    source = tmp_path / "source"
+    trained = new_dit(SMALL, seed=5)
+    (source / loading.DIT_SUBDIR).mkdir(parents=True)
+    save_file(trained.state_dict(), str(source / loading.DIT_SUBDIR / "model.safetensors"))
+    deeper_preset = replace(SMALL, dit=replace(SMALL.dit, num_layers=3))
+    deeper = new_dit(deeper_preset, seed=0)
+    assert warm_start(deeper, source)["grown_from_layers"] == 2
+    assert block_sources(2, 3) == [(0, False), (0, True), (1, False)]
+    text = random_text_encoder(SMALL).encode(["", ""])
+    x0, cond, cams = data.batch(torch.tensor([0, 1]))
+
+    def chunk_losses(dit: torch.nn.Module, preset: ModelPreset) -> tuple[torch.Tensor, list[float]]:
+        return train_step(dit, preset, x0, cond, cams, text, torch.Generator().manual_seed(3), 0.4)
+
+    with torch.no_grad():
+        shallow = chunk_losses(trained, SMALL)[1]
+    loss, deep = chunk_losses(deeper, deeper_preset)
+    # The inserted block adds exactly nothing, so the deeper model predicts what the trained one did
+    # (to float rounding: its KV cache holds one more layer, the arithmetic is otherwise the same).
+    assert deep == pytest.approx(shallow, rel=1e-5)
+    loss.backward()
+    new_block = deeper.blocks[1]
+    assert not new_block.ffn[2].weight.any() and new_block.ffn[2].weight.grad.abs().sum() > 0  # it can learn
 
 
 def test_first_chunk_set_holds_different_single_moves_from_new_starts(tmp_path: Path) -> None:
