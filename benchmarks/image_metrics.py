@@ -1,6 +1,8 @@
-"""Frame similarity: PSNR and SSIM of uint8 RGB frames, per frame."""
+"""Frame similarity and detail: PSNR, SSIM and Laplacian energy of uint8 RGB frames, per frame."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -35,6 +37,15 @@ def ssim(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     sxx, syy, sxy = blur(x * x) - mx**2, blur(y * y) - my**2, blur(x * y) - mx * my
     s = ((2 * mx * my + c1) * (2 * sxy + c2)) / ((mx**2 + my**2 + c1) * (sxx + syy + c2))
     return s.mean(dim=(1, 2, 3)).numpy()
+
+
+def gaussian_blur(frames: np.ndarray, sigma_px: float) -> np.ndarray:
+    """[T, H, W, 3] uint8 -> the same frames blurred by a Gaussian of `sigma_px` (edges replicated):
+    a known loss of detail to calibrate `laplacian_variance` ratios against."""
+    radius = math.ceil(3 * sigma_px)
+    x = torch.from_numpy(frames).permute(0, 3, 1, 2).double()
+    x = F.conv2d(F.pad(x, (radius,) * 4, mode="replicate"), _gaussian_window(2 * radius + 1, sigma_px), groups=3)
+    return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
 
 
 _LAPLACIAN = torch.tensor([[0.0, 1.0, 0.0], [1.0, -4.0, 1.0], [0.0, 1.0, 0.0]], dtype=torch.float64)

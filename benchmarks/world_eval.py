@@ -1,6 +1,7 @@
 """World-model evaluation against the procedural world's ground truth, on held-out starts and paths.
 
     python -m benchmarks.world_eval --out EVAL.json [--model gridworld] [--checkpoint DIR] [--vae-only]
+                                    [--baseline EARLIER_EVAL.json]
 
 Four measurements, all from starts in the held-out cells and control paths drawn from the
 evaluation seed (see workers/training/clips.py), none of them seen in training:
@@ -11,7 +12,10 @@ evaluation seed (see workers/training/clips.py), none of them seen in training:
   truth and for the world model; frame 0 (the given start image) is left out. Drift is the world
   model's PSNR over 9–10 s. Sharpness per horizon is the generated frames' high-frequency energy
   (variance of the Laplacian of luma) over the renderer's: 1 when as detailed, → 0 when blurred
-  (PSNR over sky and floor does not see blur; this does).
+  (PSNR over sky and floor does not see blur; this does). The same figure for the renderer's
+  frames blurred by a Gaussian of 0.5 px and 1 px is reported beside it as the scale: at 128×128
+  with hard-edged tiles it is dominated by pixel-scale detail, so those slight blurs score only
+  about 0.45 and 0.06.
 - Geometry: where the view must change shape fast. Wall approach: starts facing a wall 3–4 m
   ahead, walking straight at it for 2.8 s (by 1–2 s it is 1–3 m away and twice as tall in view).
   Corner: starts facing a wall 1–3 m ahead with open street (≥ 5 m) 60° to one side, walking while
@@ -21,6 +25,11 @@ evaluation seed (see workers/training/clips.py), none of them seen in training:
   turn-right; a trial is right when the generated clip is closer (by PSNR) to the renderer's clip
   for that control than to those of the other three. Starts are chosen with room to walk both ways.
 - A strip PNG (generated above ground truth, 2 frames per second) of the first walk.
+
+Walking figures come with their standard error over the walks: walks differ by several decibels,
+so with 8 walks a later horizon's PSNR is uncertain by 1–2 dB. To compare two checkpoints, pass
+the first one's report as `--baseline`: each figure's difference is then taken walk by walk
+(paired), which resolves changes of a fraction of a decibel where the figures' own errors cannot.
 
 `--vae-only` measures the VAE's reconstruction of the walks alone (its strip shows reconstruction
 above ground truth), e.g. for a training directory whose VAE is done and whose DiT is not yet.
@@ -43,7 +52,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from benchmarks.image_metrics import laplacian_variance, psnr_db, ssim
+from benchmarks.image_metrics import gaussian_blur, laplacian_variance, psnr_db, ssim
 from benchmarks.stats import environment
 from workers.controls import ChunkControl
 from workers.models.camera import CameraState
@@ -66,6 +75,7 @@ HORIZONS_S = {"0-1s": (0.0, 1.0), "1-2s": (1.0, 2.0), "2-4s": (2.0, 4.0), "4-10s
 DRIFT_S = (9.0, 10.0)
 WALK_CHUNKS = 11  # 13 + 10·16 = 173 frames, just over 10 s at 16 fps
 SHARPNESS_S = (0.0, 4.0)
+REFERENCE_BLURS_PX = (0.5, 1.0)  # Gaussian σ of the blurred-truth references for sharpness
 CONTROLS = {"forward": "w", "back": "s", "turn_left": "j", "turn_right": "l"}
 TARGETS = {
     "vae_psnr_db": 28.0,
@@ -99,6 +109,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--strip", type=Path, default=None, help="strip PNG (default: next to --out)")
     p.add_argument("--card", type=Path, default=None, help="model card JSON to record the headline figures in")
     p.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="an earlier EVAL.json of the same walks: report each walking figure's paired difference from it",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=torch.get_num_threads(),
@@ -110,8 +126,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="measure only the VAE's reconstruction of the walks (a checkpoint directory needs only vae.safetensors)",
     )
     args = p.parse_args(argv)
-    if args.vae_only and args.card is not None:
-        p.error("--card records a full evaluation's figures; drop --vae-only or --card")
+    if args.vae_only and (args.card is not None or args.baseline is not None):
+        p.error("--card and --baseline need a full evaluation's figures; drop --vae-only")
     if args.threads < 1:
         p.error("--threads must be at least 1")
     return args
@@ -137,6 +153,46 @@ def _mean_over(values: np.ndarray, fps: int, lo_s: float, hi_s: float) -> float 
     index = np.arange(len(values))
     sel = (index / fps >= lo_s) & (index / fps < hi_s) & (index > 0)
     return float(values[sel].mean()) if sel.any() else None
+
+
+def _walk_figures(walk: dict) -> dict[str, float | None]:
+    """One walk's world-model figures, keyed as in the headline."""
+    horizons = {f"model_psnr_db_{h.replace('-', '_')}": v for h, v in walk["model_psnr_db"].items()}
+    return horizons | {"drift_psnr_db_9_10s": walk["drift_psnr_db_9_10s"]}
+
+
+def _mean_and_error(values: list[float | None]) -> dict[str, float] | None:
+    """Mean over walks and its standard error; None when a walk lacks the figure or there is one walk."""
+    if len(values) < 2 or any(v is None for v in values):
+        return None
+    x = np.asarray(values, dtype=np.float64)
+    return {"mean": float(x.mean()), "standard_error": float(x.std(ddof=1) / np.sqrt(len(x)))}
+
+
+def spread(walks: list[dict]) -> dict[str, dict[str, float] | None]:
+    """Each walking figure's mean and standard error over the walks. Held-out walks differ a lot
+    (one walk's 4–10 s PSNR may be 12 dB, another's 24 dB), so a figure from 8 walks is uncertain by
+    about a decibel or more: the error says how much."""
+    figures = [_walk_figures(w) for w in walks]
+    return {key: _mean_and_error([f[key] for f in figures]) for key in figures[0]}
+
+
+def versus_baseline(walks: list[dict], baseline: dict) -> dict[str, dict[str, float] | None]:
+    """Each walking figure's paired difference (this run − the baseline), walk by walk, with its
+    standard error. Pairing removes what the walks share (a hard walk is hard for both), so it
+    resolves differences that the figures' own errors hide."""
+    theirs = baseline["walking"]["walks"]
+    same = [(w["start"], w["keys"]) for w in walks] == [(w["start"], w["keys"]) for w in theirs]
+    if not same or "model" not in baseline["walking"]:
+        raise SystemExit(
+            "--baseline: that report's walks are not these walks with the world model (same --walks and --walk-chunks?)"
+        )
+
+    def difference(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else a - b
+
+    pairs = list(zip(map(_walk_figures, walks), map(_walk_figures, theirs), strict=True))
+    return {key: _mean_and_error([difference(a[key], b[key]) for a, b in pairs]) for key in pairs[0][0]}
 
 
 def _sharpness(made: np.ndarray, truth: np.ndarray, fps: int, lo_s: float, hi_s: float) -> float | None:
@@ -167,6 +223,7 @@ def walking(
         "model_sharp": [],
         "vae_sharp": [],
         "truth_sharp": [],
+        **{f"blur_sharp_{sigma}": [] for sigma in REFERENCE_BLURS_PX},
     }
     per_walk, strip = [], None
     for i in range(walks):
@@ -180,6 +237,8 @@ def walking(
             "vae_sharp": laplacian_variance(recon),
             "truth_sharp": laplacian_variance(clip.frames),
         }
+        for sigma in REFERENCE_BLURS_PX:
+            metrics[f"blur_sharp_{sigma}"] = laplacian_variance(gaussian_blur(clip.frames, sigma))
         walk = {
             "start": {"x": start.position[0], "z": start.position[2], "yaw_deg": start.yaw_deg},
             "keys": ["".join(sorted(c.keys)) or "-" for c in clip.controls],
@@ -208,6 +267,13 @@ def walking(
             # How much of the detail the VAE alone keeps: the ceiling for the world model's sharpness.
             "sharpness_0_4s": _sharpness(mean["vae_sharp"], mean["truth_sharp"], fps, *SHARPNESS_S),
         },
+        # The same figure for the renderer's own frames under a slight Gaussian blur: the scale to
+        # read the others on. The 3×3 Laplacian weighs the finest detail most, so a blur of half a
+        # pixel, hard to see, already removes about half of the energy.
+        "sharpness_of_blurred_truth_0_4s": {
+            f"{sigma}px": _sharpness(mean[f"blur_sharp_{sigma}"], mean["truth_sharp"], fps, *SHARPNESS_S)
+            for sigma in REFERENCE_BLURS_PX
+        },
     }
     if engine is not None:
         # Sharpness: mean high-frequency energy of the generated frames over the renderer's, per horizon.
@@ -220,6 +286,7 @@ def walking(
             "ssim": _by_horizon(mean["model_ssim"], fps),
             "drift_psnr_db_9_10s": _mean_over(mean["model_psnr"], fps, *DRIFT_S),
             "sharpness": sharp,
+            "spread": spread(per_walk),
         }
     assert strip is not None
     return result, strip
@@ -342,6 +409,12 @@ def main(argv: list[str] | None = None) -> int:
         }
     targets = {k: v for k, v in TARGETS.items() if k in headline}
     met = {k: (got := headline[k]) is not None and got >= v for k, v in targets.items()}
+    baseline: dict[str, Any] | None = None
+    if args.baseline is not None:
+        baseline = {
+            "report": str(args.baseline),
+            "difference": versus_baseline(walk["walks"], json.loads(args.baseline.read_text())),
+        }
     strip_path = args.strip or args.out.with_suffix(".png")
     strip_path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(strip).save(strip_path)
@@ -358,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         "walking": walk,
         "controllability": control,
         "geometry": shape,
+        "versus_baseline": baseline,
         "strip_png": str(strip_path),
         "wall_s": time.perf_counter() - t0,
         "environment": environment(torch.device("cpu")),
@@ -366,10 +440,18 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(report, indent=1))
     if args.card is not None:
         record_in_card(args.card, report)
+    errors = walk["model"]["spread"] if engine is not None else {}
     for key, value in headline.items():
         target = targets.get(key)
         mark = "" if target is None else f"  (target {target}: {'met' if met[key] else 'NOT met'})"
-        print(f"{key:>22}: {'n/a' if value is None else f'{value:.3f}'}{mark}")
+        error = f" ± {e['standard_error']:.2f}" if (e := errors.get(key)) else ""
+        print(f"{key:>22}: {'n/a' if value is None else f'{value:.3f}'}{error}{mark}")
+    scale = ", ".join(f"{k} {v:.3f}" for k, v in walk["sharpness_of_blurred_truth_0_4s"].items() if v is not None)
+    print(f"{'sharpness scale':>22}: the renderer's frames blurred by a Gaussian of {scale}")
+    if baseline is not None:
+        for key, d in baseline["difference"].items():
+            shown = "n/a" if d is None else f"{d['mean']:+.2f} ± {d['standard_error']:.2f} dB"
+            print(f"{key:>22}: {shown} against {args.baseline} (paired over the walks)")
     print(f"wrote {args.out} and {strip_path} in {report['wall_s']:.0f} s")
     return 0
 

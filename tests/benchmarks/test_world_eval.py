@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFilter
 
-from benchmarks.image_metrics import laplacian_variance
-from benchmarks.world_eval import CONTROLS, main
+from benchmarks.image_metrics import gaussian_blur, laplacian_variance
+from benchmarks.world_eval import CONTROLS, main, spread, versus_baseline
 
 pytestmark = pytest.mark.processes
 
@@ -27,6 +27,8 @@ def test_world_eval_writes_report_and_strip(tmp_path: Path) -> None:
     for key in (*finite, "sharpness_0_4s", "geometry_ssim_1_2s_wall", "geometry_ssim_1_2s_corner"):
         assert math.isfinite(head[key]), key
     assert 0.0 < head["sharpness_0_4s"] < 2.0  # generated over rendered high-frequency energy
+    scale = report["walking"]["sharpness_of_blurred_truth_0_4s"]
+    assert 0.0 < scale["1.0px"] < scale["0.5px"] < 1.0  # more blur, less detail
     for kind, keys in (("wall", "w"), ("corner", ("jw", "lw"))):
         clip = report["geometry"][kind]["clips"][0]
         assert clip["keys"] in keys and 0.0 < clip["ssim_1_2s"] <= 1.0, clip
@@ -65,3 +67,39 @@ def test_laplacian_variance_sees_blur() -> None:
     flat = np.full_like(sharp, 128)
     assert (laplacian_variance(blurred) < 0.2 * laplacian_variance(sharp)).all()
     assert (laplacian_variance(flat) == 0).all()
+
+
+def test_gaussian_blur_keeps_shape_and_flat_frames_and_removes_detail() -> None:
+    rng = np.random.default_rng(0)
+    sharp = rng.integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)
+    blurred = gaussian_blur(sharp, 1.0)
+    assert blurred.shape == sharp.shape and blurred.dtype == np.uint8
+    assert (laplacian_variance(blurred) < 0.2 * laplacian_variance(sharp)).all()
+    flat = np.full_like(sharp, 77)
+    assert (gaussian_blur(flat, 1.0) == flat).all()  # replicated edges: no darkening at the border
+
+
+def _walk(x: float, psnr: list[float | None]) -> dict:
+    """A walk record as `walking` writes it, with PSNR per horizon and the 9–10 s drift figure."""
+    horizons = dict(zip(("0-1s", "1-2s", "2-4s", "4-10s"), psnr[:4], strict=True))
+    return {
+        "start": {"x": x, "z": 0.0, "yaw_deg": 0.0},
+        "keys": ["w"],
+        "model_psnr_db": horizons,
+        "drift_psnr_db_9_10s": psnr[4],
+    }
+
+
+def test_walking_figures_carry_their_standard_error_and_a_paired_difference_from_a_baseline() -> None:
+    base = [_walk(0.0, [20.0, 18.0, 16.0, 14.0, 13.0]), _walk(1.0, [30.0, 26.0, 22.0, 20.0, 19.0])]
+    better = [_walk(0.0, [21.0, 18.5, 16.0, 14.0, 13.0]), _walk(1.0, [31.0, 25.5, 22.0, 20.0, 19.0])]
+    err = spread(base)["model_psnr_db_0_1s"]
+    assert err == pytest.approx({"mean": 25.0, "standard_error": 5.0})  # sd 7.07 over two walks
+    diff = versus_baseline(better, {"walking": {"walks": base, "model": {}}})
+    # +1 dB on both walks: exactly known although the walks' own spread is 5 dB.
+    assert diff["model_psnr_db_0_1s"] == pytest.approx({"mean": 1.0, "standard_error": 0.0})
+    assert diff["model_psnr_db_1_2s"] == pytest.approx({"mean": 0.0, "standard_error": 0.5})
+    short = [_walk(0.0, [20.0, 18.0, None, None, None]), _walk(1.0, [30.0, 26.0, None, None, None])]
+    assert spread(short)["drift_psnr_db_9_10s"] is None  # a walk too short for the horizon
+    with pytest.raises(SystemExit, match="not these walks"):
+        versus_baseline(better, {"walking": {"walks": base[::-1], "model": {}}})
