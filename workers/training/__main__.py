@@ -86,7 +86,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--dit-init",
         default=None,
         help="start a new DiT run from this checkpoint directory's DiT weights ('bundled': the installed "
-        "preset's); the default is random weights",
+        "preset's; a shallower DiT is deepened with blocks that start as the identity); the default is "
+        "random weights",
     )
     p.add_argument("--starts", type=int, default=LatentSetConfig.starts, help="start poses in the DiT data set")
     p.add_argument("--chunks", type=int, default=LatentSetConfig.chunks, help="chunks per walk in the DiT data set")
