@@ -1,5 +1,5 @@
 """Deepening a trained DiT: the new blocks start as the identity, so the deeper model starts out
-computing exactly what the trained one did, and training can only build on it.
+computing exactly what the trained one did and training continues from there.
 
 A block's every write into the residual stream goes through one of five layers: the self- and
 cross-attention output projections, the FFN's second linear, and the camera scale and shift
