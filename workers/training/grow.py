@@ -7,6 +7,11 @@ cross-attention output projections, the FFN's second linear, and the camera scal
 its other layers (copied from the trained block before it, so their inputs are already sensible)
 still get gradients through the zeroed outputs. New blocks are spread evenly between the trained
 ones: 5 → 8 layers repeats blocks 0, 1 and 3, each copy right after its original.
+
+Measured on gridworld (5 → 8 layers, then 500 fine-tuning steps on walks of 8 chunks beside the
+5-layer model fine-tuned identically): the training loss was 3 % higher at step 150, equal from
+step 460, and the held-out figures came out the same (paired differences within ±0.3 dB). More
+depth alone, at that length of training, buys nothing; the DiT costs 1.6× as much per chunk.
 """
 
 from __future__ import annotations
