@@ -194,12 +194,17 @@ def test_rollout_history_is_the_models_own_sample_not_the_truth(tmp_path: Path) 
     assert rolled_other[1] == rolled[1] and rolled[1] != forced[1]
 
 
-def test_dit_warm_start_loads_another_checkpoint_and_records_it(tmp_path: Path) -> None:
-    data = two_walks(tmp_path)
-    source = tmp_path / "source"
-    trained = new_dit(SMALL, seed=5)
+def saved_dit(tmp_path: Path) -> tuple[torch.nn.Module, Path]:
+    """A seeded small DiT and the checkpoint directory it was saved into."""
+    trained, source = new_dit(SMALL, seed=5), tmp_path / "source"
     (source / loading.DIT_SUBDIR).mkdir(parents=True)
     save_file(trained.state_dict(), str(source / loading.DIT_SUBDIR / "model.safetensors"))
+    return trained, source
+
+
+def test_dit_warm_start_loads_another_checkpoint_and_records_it(tmp_path: Path) -> None:
+    data = two_walks(tmp_path)
+    trained, source = saved_dit(tmp_path)
     (source / loading.MODEL_CARD).write_text('{"training": {"dit": {"steps": 1234, "wall_s": 5.0}}}')
 
     fresh = new_dit(SMALL, seed=0)
@@ -223,10 +228,7 @@ def test_dit_warm_start_loads_another_checkpoint_and_records_it(tmp_path: Path) 
 
 def test_a_deeper_dit_warm_started_from_a_shallower_one_starts_as_it_and_can_learn(tmp_path: Path) -> None:
     data = two_walks(tmp_path)
-    source = tmp_path / "source"
-    trained = new_dit(SMALL, seed=5)
-    (source / loading.DIT_SUBDIR).mkdir(parents=True)
-    save_file(trained.state_dict(), str(source / loading.DIT_SUBDIR / "model.safetensors"))
+    trained, source = saved_dit(tmp_path)
     deeper_preset = replace(SMALL, dit=replace(SMALL.dit, num_layers=3))
     deeper = new_dit(deeper_preset, seed=0)
     assert warm_start(deeper, source)["grown_from_layers"] == 2
