@@ -55,7 +55,7 @@ def load_grown(dit: WanDiT, trained: dict[str, torch.Tensor]) -> int:
         prefix = f"blocks.{src}."
         state |= {f"blocks.{j}.{k[len(prefix) :]}": v for k, v in trained.items() if k.startswith(prefix)}
     dit.load_state_dict(state, strict=True)
-    for block, (_, new) in zip(dit.blocks, block_sources(trained_layers, len(dit.blocks)), strict=True):
+    for block, (_, new) in zip(dit.block_list, block_sources(trained_layers, len(dit.blocks)), strict=True):
         if new:
-            make_identity(block)  # type: ignore[arg-type]
+            make_identity(block)
     return trained_layers
