@@ -130,6 +130,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--card and --baseline need a full evaluation's figures; drop --vae-only")
     if args.threads < 1:
         p.error("--threads must be at least 1")
+    # Read the baseline now, not after the whole evaluation: a wrong path should cost seconds.
+    args.baseline_report = None
+    if args.baseline is not None:
+        try:
+            args.baseline_report = json.loads(args.baseline.read_text())
+        except (OSError, ValueError) as exc:
+            p.error(f"--baseline {args.baseline}: {exc}")
+        if "model" not in args.baseline_report.get("walking", {}):
+            p.error(f"--baseline {args.baseline}: not a full world_eval report (a --vae-only one has no model figures)")
     return args
 
 
@@ -413,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline is not None:
         baseline = {
             "report": str(args.baseline),
-            "difference": versus_baseline(walk["walks"], json.loads(args.baseline.read_text())),
+            "difference": versus_baseline(walk["walks"], args.baseline_report),
         }
     strip_path = args.strip or args.out.with_suffix(".png")
     strip_path.parent.mkdir(parents=True, exist_ok=True)

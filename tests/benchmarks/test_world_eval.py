@@ -52,6 +52,16 @@ def test_world_eval_vae_only_measures_the_vae_alone(tmp_path: Path) -> None:
     assert Image.open(report["strip_png"]).size[1] == 2 * 128  # reconstruction above ground truth
 
 
+def test_world_eval_refuses_an_unreadable_or_vae_only_baseline_before_evaluating(tmp_path: Path) -> None:
+    vae_only = tmp_path / "vae.json"
+    vae_only.write_text(json.dumps({"walking": {"walks": []}}))
+    for bad in (tmp_path / "missing.json", vae_only):
+        with pytest.raises(SystemExit) as exc:
+            main(["--out", str(tmp_path / "EVAL.json"), "--baseline", str(bad)])
+        assert exc.value.code == 2  # argparse's usage error, before any model is loaded
+    assert not (tmp_path / "EVAL.json").exists()
+
+
 def test_world_eval_refuses_to_record_a_vae_only_run_in_a_card(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--out", str(tmp_path / "EVAL.json"), "--vae-only", "--card", str(tmp_path / "card.json")])

@@ -50,12 +50,13 @@ def load_grown(dit: WanDiT, trained: dict[str, torch.Tensor]) -> int:
     `block_sources` and making the rest identity copies; returns the trained depth. Every key but
     the block index must match, with the same shapes (strict)."""
     trained_layers = 1 + max(int(k.split(".")[1]) for k in trained if k.startswith("blocks."))
+    sources = block_sources(trained_layers, len(dit.blocks))
     state = {k: v for k, v in trained.items() if not k.startswith("blocks.")}
-    for j, (src, _) in enumerate(block_sources(trained_layers, len(dit.blocks))):
+    for j, (src, _) in enumerate(sources):
         prefix = f"blocks.{src}."
         state |= {f"blocks.{j}.{k[len(prefix) :]}": v for k, v in trained.items() if k.startswith(prefix)}
     dit.load_state_dict(state, strict=True)
-    for block, (_, new) in zip(dit.block_list, block_sources(trained_layers, len(dit.blocks)), strict=True):
+    for block, (_, new) in zip(dit.block_list, sources, strict=True):
         if new:
             make_identity(block)
     return trained_layers
