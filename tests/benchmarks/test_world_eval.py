@@ -11,7 +11,7 @@ import pytest
 from PIL import Image, ImageFilter
 
 from benchmarks.image_metrics import gaussian_blur, laplacian_variance
-from benchmarks.world_eval import CONTROLS, main, spread, versus_baseline
+from benchmarks.world_eval import CONTROLS, main, parse_args, spread, versus_baseline
 
 pytestmark = pytest.mark.processes
 
@@ -23,6 +23,7 @@ def test_world_eval_writes_report_and_strip(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     head = report["headline"]
     assert report["preset"] == "gridworld" and report["checkpoint"] == "bundled"
+    assert report["timestep_indices"] == [0, 250, 500, 750]
     finite = ("vae_psnr_db", "model_psnr_db_0_1s", "model_ssim_0_1s", "model_psnr_db_1_2s", "controllability")
     for key in (*finite, "sharpness_0_4s", "geometry_ssim_1_2s_wall", "geometry_ssim_1_2s_corner"):
         assert math.isfinite(head[key]), key
@@ -60,6 +61,18 @@ def test_world_eval_refuses_an_unreadable_or_vae_only_baseline_before_evaluating
             main(["--out", str(tmp_path / "EVAL.json"), "--baseline", str(bad)])
         assert exc.value.code == 2  # argparse's usage error, before any model is loaded
     assert not (tmp_path / "EVAL.json").exists()
+
+
+def test_timestep_indices_pick_a_subset_of_the_trained_ones_and_refuse_others(tmp_path: Path) -> None:
+    out = ["--out", str(tmp_path / "EVAL.json")]
+    trained = parse_args(out).preset.timestep_indices
+    assert trained == (0, 250, 500, 750)
+    assert parse_args([*out, "--timestep-indices", "0"]).preset.timestep_indices == (0,)
+    assert parse_args([*out, "--timestep-indices", "0,750"]).preset.timestep_indices == (0, 750)
+    for bad in ("0,100", "750,0", "0,0", "x"):  # untrained, descending, repeated, not a number
+        with pytest.raises(SystemExit) as exc:
+            parse_args([*out, "--timestep-indices", bad])
+        assert exc.value.code == 2
 
 
 def test_world_eval_refuses_to_record_a_vae_only_run_in_a_card(tmp_path: Path) -> None:
