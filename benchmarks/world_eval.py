@@ -33,9 +33,8 @@ the first one's report as `--baseline`: each figure's difference is then taken w
 
 `--timestep-indices` samples with a subset of the timesteps the DiT was trained at. The preset's
 four (σ = 1.0, 0.97, 0.91, 0.77) all lie at high noise, so the chunk the sampler keeps is already
-close to the model's mean estimate of it; one step (`0`) is that estimate itself, the output with
-the least expected squared error these weights can give: a PSNR ceiling for them, and a blurrier
-picture.
+close to the model's mean estimate of it; one step (`0`) is that estimate itself: what the weights
+give when asked for the least squared error, so their best PSNR, and a blurrier picture.
 
 `--vae-only` measures the VAE's reconstruction of the walks alone (its strip shows reconstruction
 above ground truth), e.g. for a training directory whose VAE is done and whose DiT is not yet.
@@ -146,12 +145,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--threads must be at least 1")
     args.preset = get_preset(args.model)
     if args.timestep_indices is not None:
-        trained = args.preset.timestep_indices
-        if not set(args.timestep_indices) <= set(trained) or list(args.timestep_indices) != sorted(
-            set(args.timestep_indices)
-        ):
+        wanted, trained = args.timestep_indices, args.preset.timestep_indices
+        if args.card is not None:
+            p.error("--card records the shipped sampler's figures; drop --timestep-indices")
+        if not set(wanted) <= set(trained) or list(wanted) != sorted(set(wanted)):
             p.error(f"--timestep-indices must be an ascending subset of {args.model}'s trained indices {trained}")
-        args.preset = dataclasses.replace(args.preset, timestep_indices=args.timestep_indices)
+        args.preset = dataclasses.replace(args.preset, timestep_indices=wanted)
     # Read the baseline now, not after the whole evaluation: a wrong path should cost seconds.
     args.baseline_report = None
     if args.baseline is not None:

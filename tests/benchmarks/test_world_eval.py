@@ -69,9 +69,12 @@ def test_timestep_indices_pick_a_subset_of_the_trained_ones_and_refuse_others(tm
     assert trained == (0, 250, 500, 750)
     assert parse_args([*out, "--timestep-indices", "0"]).preset.timestep_indices == (0,)
     assert parse_args([*out, "--timestep-indices", "0,750"]).preset.timestep_indices == (0, 750)
-    for bad in ("0,100", "750,0", "0,0", "x"):  # untrained, descending, repeated, not a number
+    # untrained, descending, repeated, not a number
+    refused = [["--timestep-indices", bad] for bad in ("0,100", "750,0", "0,0", "x")]
+    refused.append(["--timestep-indices", "0", "--card", str(tmp_path / "card.json")])  # not the shipped sampler
+    for extra in refused:
         with pytest.raises(SystemExit) as exc:
-            parse_args([*out, "--timestep-indices", bad])
+            parse_args([*out, *extra])
         assert exc.value.code == 2
 
 
