@@ -158,8 +158,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             args.baseline_report = json.loads(args.baseline.read_text())
         except (OSError, ValueError) as exc:
             p.error(f"--baseline {args.baseline}: {exc}")
-        if "model" not in args.baseline_report.get("walking", {}):
-            p.error(f"--baseline {args.baseline}: not a full world_eval report (a --vae-only one has no model figures)")
+        if problem := baseline_problem(args.baseline_report, args.walks, args.walk_chunks):
+            p.error(f"--baseline {args.baseline}: {problem}")
     return args
 
 
@@ -214,16 +214,26 @@ def spread(walks: list[dict]) -> dict[str, dict[str, float] | None]:
     return {key: _mean_and_error([f[key] for f in figures]) for key in figures[0]}
 
 
+def baseline_problem(baseline: dict, walks: int, walk_chunks: int) -> str | None:
+    """Why a report cannot be this run's baseline, as far as can be told before evaluating; None
+    when it can."""
+    walking = baseline.get("walking") if isinstance(baseline, dict) else None
+    if not isinstance(walking, dict) or "model" not in walking:
+        return "not a full world_eval report (a --vae-only one has no model figures)"
+    theirs = walking.get("walks", [])
+    if len(theirs) != walks or any(len(w.get("keys", ())) != walk_chunks for w in theirs):
+        return f"its walks are not {walks} walks of {walk_chunks} chunks (--walks, --walk-chunks)"
+    return None
+
+
 def versus_baseline(walks: list[dict], baseline: dict) -> dict[str, dict[str, float] | None]:
     """Each walking figure's paired difference (this run − the baseline), walk by walk, with its
     standard error. Pairing removes what the walks share (a hard walk is hard for both), so it
-    resolves differences that the figures' own errors hide."""
+    resolves differences that the figures' own errors hide. ValueError when the baseline walked
+    elsewhere (another world or held-out split), which only the evaluated walks can show."""
     theirs = baseline["walking"]["walks"]
-    same = [(w["start"], w["keys"]) for w in walks] == [(w["start"], w["keys"]) for w in theirs]
-    if not same or "model" not in baseline["walking"]:
-        raise SystemExit(
-            "--baseline: that report's walks are not these walks with the world model (same --walks and --walk-chunks?)"
-        )
+    if [(w["start"], w["keys"]) for w in walks] != [(w["start"], w["keys"]) for w in theirs]:
+        raise ValueError("its walks start or turn elsewhere: not a report of these walks")
 
     def difference(a: float | None, b: float | None) -> float | None:
         return None if a is None or b is None else a - b
@@ -450,10 +460,14 @@ def main(argv: list[str] | None = None) -> int:
     met = {k: (got := headline[k]) is not None and got >= v for k, v in targets.items()}
     baseline: dict[str, Any] | None = None
     if args.baseline is not None:
-        baseline = {
-            "report": str(args.baseline),
-            "difference": versus_baseline(walk["walks"], args.baseline_report),
-        }
+        # A baseline of other walks loses its comparison, not the evaluation: the report is written.
+        try:
+            baseline = {
+                "report": str(args.baseline),
+                "difference": versus_baseline(walk["walks"], args.baseline_report),
+            }
+        except ValueError as exc:
+            baseline = {"report": str(args.baseline), "error": str(exc)}
     strip_path = args.strip or args.out.with_suffix(".png")
     strip_path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(strip).save(strip_path)
@@ -488,12 +502,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key:>22}: {'n/a' if value is None else f'{value:.3f}'}{error}{mark}")
     scale = ", ".join(f"{k} {v:.3f}" for k, v in walk["sharpness_of_blurred_truth_0_4s"].items() if v is not None)
     print(f"{'sharpness scale':>22}: the renderer's frames blurred by a Gaussian of {scale}")
-    if baseline is not None:
+    if baseline is not None and "error" in baseline:
+        print(f"--baseline {args.baseline}: {baseline['error']}; no paired differences", file=sys.stderr)
+    elif baseline is not None:
         for key, d in baseline["difference"].items():
             shown = "n/a" if d is None else f"{d['mean']:+.2f} ± {d['standard_error']:.2f} dB"
             print(f"{key:>22}: {shown} against {args.baseline} (paired over the walks)")
     print(f"wrote {args.out} and {strip_path} in {report['wall_s']:.0f} s")
-    return 0
+    return 1 if baseline is not None and "error" in baseline else 0
 
 
 if __name__ == "__main__":

@@ -56,11 +56,25 @@ def test_world_eval_vae_only_measures_the_vae_alone(tmp_path: Path) -> None:
 def test_world_eval_refuses_an_unreadable_or_vae_only_baseline_before_evaluating(tmp_path: Path) -> None:
     vae_only = tmp_path / "vae.json"
     vae_only.write_text(json.dumps({"walking": {"walks": []}}))
-    for bad in (tmp_path / "missing.json", vae_only):
+    fewer_walks = tmp_path / "fewer.json"  # the default is 8 walks of 11 chunks
+    fewer_walks.write_text(json.dumps({"walking": {"model": {}, "walks": [{"keys": ["w"] * 11}]}}))
+    for bad in (tmp_path / "missing.json", vae_only, fewer_walks):
         with pytest.raises(SystemExit) as exc:
             main(["--out", str(tmp_path / "EVAL.json"), "--baseline", str(bad)])
         assert exc.value.code == 2  # argparse's usage error, before any model is loaded
     assert not (tmp_path / "EVAL.json").exists()
+
+
+def test_a_baseline_of_other_walks_loses_its_comparison_not_the_evaluation(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere.json"  # right count and length, other starts: found only after walking
+    walk = {"start": {"x": -1.0, "z": -1.0, "yaw_deg": 0.0}, "keys": ["w"]}
+    elsewhere.write_text(json.dumps({"walking": {"model": {}, "walks": [walk]}}))
+    out = tmp_path / "EVAL.json"
+    args = ["--walks", "1", "--walk-chunks", "1", "--control-starts", "1", "--geometry-clips", "1"]
+    assert main(["--out", str(out), *args, "--baseline", str(elsewhere)]) == 1
+    report = json.loads(out.read_text())
+    assert "not a report of these walks" in report["versus_baseline"]["error"]
+    assert "difference" not in report["versus_baseline"] and report["headline"]["model_psnr_db_0_1s"] is not None
 
 
 def test_timestep_indices_pick_a_subset_of_the_trained_ones_and_refuse_others(tmp_path: Path) -> None:
@@ -127,5 +141,5 @@ def test_walking_figures_carry_their_standard_error_and_a_paired_difference_from
     assert diff["model_psnr_db_1_2s"] == pytest.approx({"mean": 0.0, "standard_error": 0.5})
     short = [_walk(0.0, [20.0, 18.0, None, None, None]), _walk(1.0, [30.0, 26.0, None, None, None])]
     assert spread(short)["drift_psnr_db_9_10s"] is None  # a walk too short for the horizon
-    with pytest.raises(SystemExit, match="not these walks"):
+    with pytest.raises(ValueError, match="not a report of these walks"):
         versus_baseline(better, {"walking": {"walks": base[::-1], "model": {}}})
