@@ -9,9 +9,12 @@ RUN_ARGS ?= --placement cpu
 REPLAY_ARGS ?= --chunks 8 --seed 0 --out runs/replay.json --video runs/replay.mp4
 PYTEST_ARGS ?=
 # The fast tier: no spawned process, no training, no browser (markers in pyproject.toml).
-FAST_MARKERS := not (processes or training or browser or gpu or slow or container)
+FAST_MARKERS := not (processes or training or browser or gpu or slow or container or parity)
 
-.PHONY: setup run replay test test-fast test-container lint packages clean
+# The parity suite's reference implementations (tests/parity/requirements.txt), test-only.
+PARITY_SITE ?= .parity
+
+.PHONY: setup run replay test test-fast test-parity test-container lint packages parity-deps clean
 
 setup: $(VENV)/.installed
 
@@ -28,6 +31,15 @@ run: setup
 # Headless: generate a video from the default control trace (runs/replay.mp4).
 replay: setup
 	$(PY) -m benchmarks.replay $(REPLAY_ARGS)
+
+# FastVideo, transformers and diffusers, pinned and without their dependency lists, into a folder
+# of their own that only the parity tests put on their path (about 390 MB, half a minute).
+parity-deps: $(PARITY_SITE)/.installed
+
+$(PARITY_SITE)/.installed: tests/parity/requirements.txt | setup
+	rm -rf $(PARITY_SITE)
+	$(PY) -m pip install --quiet --no-deps --target $(PARITY_SITE) -r tests/parity/requirements.txt
+	touch $@
 
 # Debian packages that tests start on loopback: Chromium (the real-browser test), coturn (TURN relay)
 # and HAProxy (nodes behind a balancer), as package:command pairs. Installing needs root (CI runs as
@@ -53,8 +65,12 @@ lint: setup
 	$(VENV)/bin/lint-imports
 
 # The full suite CI runs (soak tests marked `slow` only on purpose: `pytest -m slow`).
-test: lint packages
+test: lint packages parity-deps
 	$(PY) -m pytest -m "not (slow or container)" $(PYTEST_ARGS)
+
+# The model code against independent implementations (README "Correctness").
+test-parity: parity-deps
+	$(PY) -m pytest -m parity $(PYTEST_ARGS)
 
 # The container image built (from a Debian base made with debootstrap), run and streamed from: root,
 # podman, runc and debootstrap (installed here when missing), several minutes.
@@ -68,4 +84,4 @@ test-fast: lint
 	$(PY) -m pytest -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(PARITY_SITE) runs .pytest_cache .ruff_cache

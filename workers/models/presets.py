@@ -10,6 +10,14 @@ fixture and says so through `weights_note`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class SigmaRule(StrEnum):
+    """Which σ a sampling step uses (workers/models/sampler.py says how they differ)."""
+
+    TABLE_ROW = "table_row"  # σ of the sampled table row, for x0 and re-noising alike
+    BY_TIMESTEP = "by_timestep"  # σ looked up by integer timestep, as the released scheduler does
 
 
 @dataclass(frozen=True)
@@ -148,8 +156,12 @@ class ModelPreset:
     num_train_timesteps: int = 1000
     sample_shift: float = 10.0
     timestep_indices: tuple[int, ...] = (0, 250, 500, 750)
+    sigma_rule: SigmaRule = SigmaRule.BY_TIMESTEP
     move_step_per_frame: float = 0.10
     turn_step_deg_per_frame: float = 0.5
+    # Camera translations are normalised per chunk (largest = 1) and scaled by this: TeleFuser's
+    # real-time rule. The offline release normalises once over a whole clip, which a live session
+    # cannot do, since it does not know the path ahead; so here every preset follows the real-time rule.
     translation_scale: float = 3.0
     weights_note: str = "official checkpoint (load with --checkpoint)"
     tags: tuple[str, ...] = field(default_factory=tuple)
@@ -265,6 +277,8 @@ GRIDWORLD = ModelPreset(
     width_px=128,
     move_step_per_frame=0.06,
     turn_step_deg_per_frame=1.5,
+    # The rule its DiT was trained with (workers/training/dit_train.py noises at the row's σ).
+    sigma_rule=SigmaRule.TABLE_ROW,
     weights_note="trained here on a procedural town: blurry, and it follows keys about 19 times in 20",
     tags=("cpu", "embedded"),
     bundled_weights="gridworld",

@@ -6,6 +6,14 @@ samples only at a few indices of that 1000-step table (default [0, 250, 500, 750
 predicts x0 = x_t − σ_t·v, then re-noises x0 to the next timestep with fresh noise from the
 session's seeded generator; the last step's x0 is the chunk's clean latent. No CFG.
 
+Which σ a step uses is a rule of the preset (`SigmaRule`). The released scheduler, and FastVideo
+and TeleFuser after it, look σ up from the step's *integer timestep*: the x0 prediction takes the
+first table index with that timestep, and re-noising goes through the scheduler's `add_noise`,
+which takes the second index where several share one. Since ⌊1000·σ'⌋ maps several table rows to
+one timestep, these differ from the row the step was sampled at (shift 10, t = 967: x0 σ 0.967949,
+re-noise σ 0.967783, row 250 σ 0.967617). The embedded world was trained with the row's own σ
+for both, and keeps that rule.
+
 A stage keeps its sampler's schedule on its own device (`FewStepSampler.to`), so a sampling step
 reads its timestep and sigma there and never copies them from the host.
 """
@@ -18,11 +26,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from workers.models.presets import SigmaRule
+
 
 @dataclass(frozen=True)
 class FlowSchedule:
     timesteps: torch.Tensor  # [N] int64, descending
-    sigmas: torch.Tensor  # [N] float32, matching timesteps
+    sigmas: torch.Tensor  # [N] float32: σ of each step's x0 prediction
+    renoise_sigmas: torch.Tensor  # [N] float32: σ of re-noising into each step (row 0: never re-noised into)
 
     @staticmethod
     def unipc(num_train_timesteps: int = 1000, shift: float = 10.0) -> FlowSchedule:
@@ -36,18 +47,32 @@ class FlowSchedule:
         sigmas = np.linspace(sigma_max, sigma_min, n + 1)[:-1]
         sigmas = shift * sigmas / (1.0 + (shift - 1.0) * sigmas)
         timesteps = torch.from_numpy(sigmas * n).to(torch.int64)
-        return FlowSchedule(timesteps=timesteps, sigmas=torch.from_numpy(sigmas).to(torch.float32))
+        table = torch.from_numpy(sigmas).to(torch.float32)
+        return FlowSchedule(timesteps=timesteps, sigmas=table, renoise_sigmas=table)
 
-    def subset(self, indices: tuple[int, ...]) -> FlowSchedule:
+    def subset(self, indices: tuple[int, ...], rule: SigmaRule = SigmaRule.TABLE_ROW) -> FlowSchedule:
+        """The steps at `indices` of this (full) table, with their σ chosen by `rule`."""
         if not indices:
             raise ValueError("timestep indices must not be empty")
         idx = torch.tensor(indices, dtype=torch.long)
         if idx.min() < 0 or idx.max() >= len(self.timesteps):
             raise ValueError(f"timestep indices {indices} outside 0..{len(self.timesteps) - 1}")
-        return FlowSchedule(timesteps=self.timesteps[idx], sigmas=self.sigmas[idx])
+        timesteps = self.timesteps[idx]
+        if rule is SigmaRule.TABLE_ROW:
+            return FlowSchedule(timesteps=timesteps, sigmas=self.sigmas[idx], renoise_sigmas=self.sigmas[idx])
+        x0_rows, renoise_rows = [], []
+        for t in timesteps.tolist():
+            rows = (self.timesteps == t).nonzero().flatten().tolist()
+            x0_rows.append(rows[0])
+            renoise_rows.append(rows[1] if len(rows) > 1 else rows[0])
+        return FlowSchedule(timesteps=timesteps, sigmas=self.sigmas[x0_rows], renoise_sigmas=self.sigmas[renoise_rows])
 
     def to(self, device: torch.device) -> FlowSchedule:
-        return FlowSchedule(timesteps=self.timesteps.to(device), sigmas=self.sigmas.to(device))
+        return FlowSchedule(
+            timesteps=self.timesteps.to(device),
+            sigmas=self.sigmas.to(device),
+            renoise_sigmas=self.renoise_sigmas.to(device),
+        )
 
 
 VelocityFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -84,5 +109,6 @@ class FewStepSampler:
         return (x_t.double() - sigma * v.double()).to(x_t.dtype)
 
     def renoise(self, x0: torch.Tensor, noise: torch.Tensor, step: int) -> torch.Tensor:
-        sigma = self.schedule.sigmas[step].to(x0.dtype)
+        """x0 noised to step `step`'s timestep."""
+        sigma = self.schedule.renoise_sigmas[step].to(x0.dtype)
         return (1 - sigma) * x0 + sigma * noise

@@ -1,0 +1,75 @@
+"""The reference implementations, imported from the test-only folder `make parity-deps` fills.
+
+`.parity/` holds FastVideo 0.2.1, transformers and diffusers, pinned and installed without their
+dependency lists (tests/parity/requirements.txt), so they never change the project's environment
+or its torch. The folder is appended to `sys.path` only here, so nothing of the project resolves
+to it.
+
+Two things are arranged around the import, and nothing else is changed in the references:
+- FastVideo's top-level `fastvideo/__init__.py` imports its whole inference front end; the package
+  is registered as a bare package over the same folder instead, so only the modules compared here
+  (and what they import) are executed.
+- `fastvideo.utils` imports `torchvision.utils.make_grid`, which no compared code calls. PyPI's
+  torchvision does not load beside this torch, so a stand-in module whose `make_grid` raises is
+  registered for that import alone and removed again; transformers and diffusers are imported
+  first, so they see no torchvision at all.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+SITE = Path(__file__).resolve().parents[2] / ".parity"
+
+
+def _site() -> str:
+    if not (SITE / ".installed").exists():
+        pytest.skip(f"the parity references are not installed in {SITE}: run `make parity-deps`")
+    site = str(SITE)
+    if site not in sys.path:
+        sys.path.append(site)
+    return site
+
+
+def _make_grid_stand_in(*args: object, **kwargs: object) -> None:
+    raise RuntimeError("torchvision stand-in: make_grid is not part of any compared code")
+
+
+def fastvideo_module(name: str) -> types.ModuleType:
+    """A FastVideo module, e.g. `models.dits.lingbotworld2.causal_fast`, imported as shipped."""
+    site = _site()
+    if "fastvideo" not in sys.modules:
+        # What fastvideo.utils imports from them must resolve with torchvision absent.
+        importlib.import_module("diffusers.loaders.lora_base")
+        importlib.import_module("transformers.modeling_utils")
+        package = types.ModuleType("fastvideo")
+        package.__path__ = [f"{site}/fastvideo"]
+        package.__spec__ = importlib.machinery.ModuleSpec("fastvideo", None, is_package=True)
+        sys.modules["fastvideo"] = package
+    full = f"fastvideo.{name}"
+    if full in sys.modules:
+        return sys.modules[full]
+    stand_in = "torchvision" not in sys.modules
+    if stand_in:
+        tv, tv_utils = types.ModuleType("torchvision"), types.ModuleType("torchvision.utils")
+        tv_utils.make_grid = _make_grid_stand_in  # type: ignore[attr-defined]
+        tv.utils = tv_utils  # type: ignore[attr-defined]
+        sys.modules.update({"torchvision": tv, "torchvision.utils": tv_utils})
+    try:
+        return importlib.import_module(full)
+    finally:
+        if stand_in:
+            sys.modules.pop("torchvision", None)
+            sys.modules.pop("torchvision.utils", None)
+
+
+def reference_module(name: str) -> types.ModuleType:
+    """A module of transformers or diffusers from the parity folder, e.g. `transformers`."""
+    _site()
+    return importlib.import_module(name)
