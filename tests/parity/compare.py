@@ -38,18 +38,18 @@ class Agreement:
         return f"parity {self.case}: max abs {self.max_abs:.3e}, rel {self.rel:.3e} (bound {self.bound:.1e}) {verdict}"
 
 
-def agreement(case: str, ours: torch.Tensor, reference: torch.Tensor, bound: float = F32_REL_BOUND) -> Agreement:
-    """Compare two tensors of one shape, print the case's line and return it."""
+def measure(case: str, ours: torch.Tensor, reference: torch.Tensor, bound: float = F32_REL_BOUND) -> Agreement:
+    """How far two tensors of one shape are apart, against `bound`."""
     if ours.shape != reference.shape:
         raise AssertionError(f"{case}: shapes differ, ours {tuple(ours.shape)} vs reference {tuple(reference.shape)}")
     diff = (ours.double() - reference.double()).abs().max().item()
     scale = reference.double().abs().max().item()
-    result = Agreement(case, diff, diff / scale if scale > 0 else diff, bound)
-    print(result)
-    return result
+    return Agreement(case, diff, diff / scale if scale > 0 else diff, bound)
 
 
 def assert_agrees(case: str, ours: torch.Tensor, reference: torch.Tensor, bound: float = F32_REL_BOUND) -> Agreement:
-    result = agreement(case, ours, reference, bound)
+    """Compare, print the case's line (`pytest -s` shows it) and fail beyond the bound."""
+    result = measure(case, ours, reference, bound)
+    print(result)
     assert result.holds, str(result)
     return result

@@ -13,15 +13,21 @@ Two things are arranged around the import, and nothing else is changed in the re
   torchvision does not load beside this torch, so a stand-in module whose `make_grid` raises is
   registered for that import alone and removed again; transformers and diffusers are imported
   first, so they see no torchvision at all.
+- FastVideo's pipeline modules cannot be imported without torchvision's transforms, so a method
+  compared from one (the x0 conversion of the LingBot World 2 generation stage) is taken from the
+  shipped file's source by `fastvideo_method` and compiled as it stands.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.machinery
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -73,3 +79,21 @@ def reference_module(name: str) -> types.ModuleType:
     """A module of transformers or diffusers from the parity folder, e.g. `transformers`."""
     _site()
     return importlib.import_module(name)
+
+
+def fastvideo_method(relative_path: str, class_name: str, method: str, namespace: dict[str, Any]) -> Callable[..., Any]:
+    """`class_name.method` from FastVideo's `relative_path`, compiled from its shipped source with
+    `namespace` as its globals; call it with a stand-in for `self`."""
+    path = Path(_site()) / "fastvideo" / relative_path
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == method:
+                    item.decorator_list = []
+                    code = compile(ast.Module(body=[item], type_ignores=[]), str(path), "exec")
+                    scope = dict(namespace)
+                    exec(code, scope)
+                    function: Callable[..., Any] = scope[method]
+                    return function
+    raise LookupError(f"{class_name}.{method} not found in {path}")

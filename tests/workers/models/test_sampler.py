@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from workers.models.presets import SigmaRule
 from workers.models.sampler import FewStepSampler, FlowSchedule
 
 INDICES = (0, 250, 500, 750)
@@ -84,6 +85,23 @@ def test_subset_edges() -> None:
     last = schedule.subset((999,))
     assert last.timesteps.tolist() == [schedule.timesteps[-1].item()]
     assert last.sigmas.tolist() == [schedule.sigmas[-1].item()]
+
+
+def test_by_timestep_rule_looks_sigma_up_as_the_released_scheduler() -> None:
+    """Shift 10, indices (0, 250, 500, 750): x0 takes the first row with the step's timestep,
+    re-noising the second where several rows share it; the table-row rule takes the row itself."""
+    table = FlowSchedule.unipc(1000, 10.0)
+    released = table.subset(INDICES, SigmaRule.BY_TIMESTEP)
+    row = table.subset(INDICES, SigmaRule.TABLE_ROW)
+    assert released.timesteps.tolist() == row.timesteps.tolist() == [999, 967, 908, 768]
+    assert released.sigmas[1].item() == pytest.approx(0.967949, abs=1e-6)
+    assert released.renoise_sigmas[1:].tolist() == pytest.approx([0.967783, 0.908594, 0.768044], abs=1e-6)
+    assert row.sigmas[1:].tolist() == pytest.approx([0.967617, 0.908925, 0.768994], abs=1e-6)
+    assert torch.equal(row.renoise_sigmas, row.sigmas)
+    for step, t in enumerate(released.timesteps.tolist()):
+        rows = (table.timesteps == t).nonzero().flatten().tolist()
+        assert released.sigmas[step] == table.sigmas[rows[0]]
+        assert released.renoise_sigmas[step] == table.sigmas[rows[1] if len(rows) > 1 else rows[0]]
 
 
 def test_empty_subset_is_rejected() -> None:
