@@ -1,7 +1,7 @@
 """Inspect presets and checkpoints without allocating weights.
 
 python -m workers.models describe PRESET [--json]
-python -m workers.models verify PRESET --checkpoint DIR
+python -m workers.models verify PRESET --checkpoint DIR    (released or diffusers layout, named first)
 python -m workers.models plan PRESET --placement P --max-sessions N [--device-gib 80] [--json]
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from workers.models.checkpoint_files import detect_layout
 from workers.models.components import meta_components, verify_checkpoint
 from workers.models.loading import KeyReport, state_shapes
 from workers.models.presets import PRESETS, get_preset
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("describe", help="shapes and parameter counts of a preset")
     d.add_argument("preset", choices=sorted(PRESETS))
     d.add_argument("--json", action="store_true", help="print the full description as JSON")
-    v = sub.add_parser("verify", help="check a checkpoint directory against a preset")
+    v = sub.add_parser("verify", help="check a checkpoint directory (released or diffusers layout) against a preset")
     v.add_argument("preset", choices=sorted(PRESETS))
     v.add_argument("--checkpoint", type=Path, required=True)
     pl = sub.add_parser("plan", help="memory per worker and device for a placement (workers/runtime/memory_plan.py)")
@@ -76,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.checkpoint.is_dir():
         print(f"error: {args.checkpoint} is not a directory", file=sys.stderr)
         return 1
+    print(f"layout: {detect_layout(args.checkpoint).describe()}")
     results = verify_checkpoint(get_preset(args.preset), args.checkpoint)
     ok = True
     for component, result in results.items():

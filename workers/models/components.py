@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from workers.models import loading
+from workers.models.checkpoint_files import tokenizer_path
 from workers.models.dit import WanDiT
 from workers.models.presets import ModelPreset
 from workers.models.random_init import init_random_weights
@@ -86,9 +87,7 @@ def load_dit(
 
 def load_vae(preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, weights_seed: int = 0) -> WanVAE:
     checkpoint_dir = loading.checkpoint_dir_for(preset, checkpoint_dir)
-    source = None
-    if checkpoint_dir is not None:
-        source = loading.component_source(checkpoint_dir, loading.VAE_FILE, loading.VAE_SAFETENSORS)
+    source = None if checkpoint_dir is None else loading.vae_source(checkpoint_dir, preset.vae)
     dtype = Precision.for_device(device).vae
     seed = weights_seed + SEED_OFFSETS["vae"]
     return _materialize("VAE", lambda: WanVAE(preset.vae), dtype, device, source, seed)  # type: ignore[return-value]
@@ -98,9 +97,7 @@ def load_text_encoder(
     preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, weights_seed: int = 0
 ) -> TextEncoder:
     checkpoint_dir = loading.checkpoint_dir_for(preset, checkpoint_dir)
-    source = None
-    if checkpoint_dir is not None:
-        source = loading.component_source(checkpoint_dir, loading.T5_FILE, loading.T5_SAFETENSORS)
+    source = None if checkpoint_dir is None else loading.text_encoder_source(checkpoint_dir)
     dtype = Precision.for_device(device).t5
     seed = weights_seed + SEED_OFFSETS["t5"]
     model = _materialize("umT5", lambda: UMT5Encoder(preset.t5), dtype, device, source, seed)
@@ -108,26 +105,25 @@ def load_text_encoder(
 
 
 def verify_checkpoint(preset: ModelPreset, checkpoint_dir: Path) -> dict[str, loading.KeyReport | str]:
-    """Check a checkpoint directory against a preset from the files' headers, reading no weights."""
+    """Check a checkpoint directory (either layout) against a preset from the files' headers, reading no
+    weights. Keys are reported in the modules' names; the diffusers layout's reports add the stored ones."""
     meta = meta_components(preset)
     results: dict[str, loading.KeyReport | str] = {}
     try:
-        results["dit"] = loading.compare_shapes(
-            loading.state_shapes(meta["dit"]), loading.read_dit_shapes(checkpoint_dir)
-        )
+        results["dit"] = loading.check_source(meta["dit"], loading.dit_source(checkpoint_dir))
     except (OSError, ValueError, KeyError) as exc:  # missing, corrupt or truncated files
         results["dit"] = f"unreadable DiT weights: {exc}"
 
-    for name, pth, st in (
-        ("vae", loading.VAE_FILE, loading.VAE_SAFETENSORS),
-        ("t5", loading.T5_FILE, loading.T5_SAFETENSORS),
-    ):
+    sources: dict[str, Callable[[], loading.TensorSource]] = {
+        "vae": lambda: loading.vae_source(checkpoint_dir, preset.vae),
+        "t5": lambda: loading.text_encoder_source(checkpoint_dir),
+    }
+    for name, source in sources.items():
         try:
-            found = loading.component_source(checkpoint_dir, pth, st).shapes()
-            results[name] = loading.compare_shapes(loading.state_shapes(meta[name]), found)
-        except (FileNotFoundError, RuntimeError, loading.CheckpointError) as exc:
+            results[name] = loading.check_source(meta[name], source())
+        except (OSError, ValueError, RuntimeError) as exc:  # missing, corrupt or truncated files
             results[name] = str(exc)
-    tok = checkpoint_dir / loading.TOKENIZER_DIR / "tokenizer.json"
+    tok = tokenizer_path(checkpoint_dir)
     if preset.t5.tokenizer == "umt5" and not tok.is_file():
         results["tokenizer"] = f"missing {tok}"
     return results

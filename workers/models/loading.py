@@ -1,5 +1,8 @@
 """Building model components and loading them strictly from a local checkpoint directory, laid out
-as released (workers/models/checkpoint_files.py names the files).
+as released or as diffusers saves a pipeline (workers/models/checkpoint_files.py names the files of
+both and tells them apart). The diffusers layout stores the same tensors under other names: its
+sources map every stored name to the module's through workers/models/diffusers_layout.py before
+anything is compared, so both layouts go through the same check and the same stream below.
 
 Presets with `bundled_weights` load from workers/models/weights/<name>/ when no directory is given.
 
@@ -38,24 +41,33 @@ import contextlib
 import json
 import mmap
 import os
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import torch
 import torch.nn as nn
 
+from workers.models import diffusers_layout
 from workers.models.checkpoint_files import (  # noqa: F401 - the layout's names, used as loading.X
+    DIFFUSERS_DIT,
+    DIFFUSERS_T5,
+    DIFFUSERS_VAE,
     DIT_INDEX,
+    DIT_SINGLE,
     DIT_SUBDIR,
     T5_FILE,
     T5_SAFETENSORS,
     TOKENIZER_DIR,
     VAE_FILE,
     VAE_SAFETENSORS,
+    Layout,
+    detect_layout,
+    diffusers_files,
+    safetensors_files,
 )
-from workers.models.presets import ModelPreset
+from workers.models.presets import ModelPreset, VAEConfig
 
 MODEL_CARD = "model_card.json"
 BUNDLED_ROOT = Path(__file__).resolve().parent / "weights"
@@ -85,31 +97,44 @@ class KeyReport:
     missing: tuple[str, ...]
     unexpected: tuple[str, ...]
     misshaped: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]  # (key, expected, found)
+    # Where a key found under another name is stored ("as 'name' in file"), for a source that
+    # renames (the diffusers layout); every key is reported in the module's names, this adds the file's.
+    stored_as: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return not (self.missing or self.unexpected or self.misshaped)
 
+    def _named(self, key: str) -> str:
+        where = self.stored_as.get(key)
+        return key if where is None else f"{key} (stored {where})"
+
     def describe(self, component: str, limit: int = 20) -> str:
         lines = [f"{component}: checkpoint does not match the preset"]
         for title, items in (("missing", self.missing), ("unexpected", self.unexpected)):
             if items:
-                shown = ", ".join(items[:limit]) + (f", … (+{len(items) - limit})" if len(items) > limit else "")
+                shown = ", ".join(self._named(k) for k in items[:limit])
+                shown += f", … (+{len(items) - limit})" if len(items) > limit else ""
                 lines.append(f"  {len(items)} {title} key(s): {shown}")
         for key, want, got in self.misshaped[:limit]:
-            lines.append(f"  mis-shaped {key}: expected {list(want)}, found {list(got)}")
+            lines.append(f"  mis-shaped {self._named(key)}: expected {list(want)}, found {list(got)}")
         if len(self.misshaped) > limit:
             lines.append(f"  … and {len(self.misshaped) - limit} more mis-shaped keys")
         return "\n".join(lines)
 
 
-def compare_shapes(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]]) -> KeyReport:
+def compare_shapes(
+    expected: dict[str, tuple[int, ...]],
+    found: dict[str, tuple[int, ...]],
+    stored_as: Mapping[str, str] | None = None,
+) -> KeyReport:
     return KeyReport(
         missing=tuple(sorted(set(expected) - set(found))),
         unexpected=tuple(sorted(set(found) - set(expected))),
         misshaped=tuple(
             (k, expected[k], found[k]) for k in sorted(set(expected) & set(found)) if expected[k] != found[k]
         ),
+        stored_as=dict(stored_as or {}),
     )
 
 
@@ -244,6 +269,17 @@ def _read_entry(fd: int, path: Path, entry: SafetensorsEntry) -> torch.Tensor:
     return torch.frombuffer(block, dtype=torch.uint8).view(entry.dtype).reshape(entry.shape)
 
 
+def _stream(path: Path, entries: Sequence[tuple[SafetensorsEntry, str]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """One file's tensors, each read when asked for and yielded under the name paired with its entry."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for entry, name in entries:
+            # Yielded without a local name: the suspended generator must not keep it alive.
+            yield name, _read_entry(fd, path, entry)
+    finally:
+        os.close(fd)  # each shard closes once its tensors are read
+
+
 @dataclass(frozen=True)
 class SafetensorsSource:
     """Safetensors files (a DiT's shards, or one component file)."""
@@ -265,13 +301,60 @@ class SafetensorsSource:
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         for path, entries in self.headers():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                for entry in entries:
-                    # Yielded without a local name: the suspended generator must not keep it alive.
-                    yield entry.key, _read_entry(fd, path, entry)
-            finally:
-                os.close(fd)  # each shard closes once its tensors are read
+            yield from _stream(path, [(e, e.key) for e in entries])
+
+
+@dataclass(frozen=True)
+class RenamedSource:
+    """Safetensors files that store the module's tensors under other names (the diffusers layout).
+    Every stored name is mapped to the module's through `names` from the headers, so the strict
+    check, its report (which adds each key's stored name and file) and the one-tensor-at-a-time
+    stream are those of the released layout; a name the table ties to another is never read."""
+
+    files: SafetensorsSource
+    names: diffusers_layout.NameTable
+
+    def headers(self) -> list[tuple[Path, tuple[SafetensorsEntry, ...]]]:
+        """The files' entries under their stored names."""
+        return self.files.headers()
+
+    def _plan(self) -> list[tuple[Path, list[tuple[SafetensorsEntry, str]]]]:
+        """Per file, each entry to read with its native name."""
+        headers = self.files.headers()
+        ignored = self.names.ignored({e.key for _, entries in headers for e in entries})
+        seen: dict[str, tuple[str, Path]] = {}
+        plan = []
+        for path, entries in headers:
+            renamed = []
+            for entry in entries:
+                if entry.key in ignored:
+                    continue
+                native = self.names.to_native(entry.key)
+                if native in seen:
+                    first, first_path = seen[native]
+                    raise CheckpointError(
+                        f"{self.names.component}: {native!r} is stored twice, as {first!r} in {first_path} and as "
+                        f"{entry.key!r} in {path}; keep one of them"
+                    )
+                seen[native] = (entry.key, path)
+                renamed.append((entry, native))
+            plan.append((path, renamed))
+        return plan
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {native: e.shape for _, renamed in self._plan() for e, native in renamed}
+
+    def stored_as(self) -> dict[str, str]:
+        """Native name -> where it is stored: "as 'stored name' in file", or "in file" where the names agree."""
+        return {
+            native: f"in {path}" if e.key == native else f"as {e.key!r} in {path}"
+            for path, renamed in self._plan()
+            for e, native in renamed
+        }
+
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for path, renamed in self._plan():
+            yield from _stream(path, renamed)
 
 
 @dataclass(frozen=True)
@@ -299,25 +382,39 @@ class PthSource:
 
 
 def dit_shards(checkpoint_dir: Path) -> list[Path]:
-    root = checkpoint_dir / DIT_SUBDIR
-    index = root / DIT_INDEX
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return [root / name for name in sorted(set(weight_map.values()))]
-    single = root / "model.safetensors"
-    if single.is_file():
-        return [single]
-    raise FileNotFoundError(f"no DiT weights: expected {index} (sharded) or {single}")
+    """The DiT's safetensors files, in either layout."""
+    if detect_layout(checkpoint_dir) is Layout.DIFFUSERS:
+        return diffusers_files(checkpoint_dir, DIFFUSERS_DIT)
+    return safetensors_files(checkpoint_dir / DIT_SUBDIR, DIT_SINGLE, DIT_INDEX, "DiT")
 
 
-def dit_source(checkpoint_dir: Path) -> SafetensorsSource:
-    return SafetensorsSource(tuple(dit_shards(checkpoint_dir)))
+def dit_source(checkpoint_dir: Path) -> SafetensorsSource | RenamedSource:
+    files = SafetensorsSource(tuple(dit_shards(checkpoint_dir)))
+    if detect_layout(checkpoint_dir) is Layout.DIFFUSERS:
+        return RenamedSource(files, diffusers_layout.DIT_NAMES)
+    return files
 
 
 def component_source(checkpoint_dir: Path, pth_name: str, safetensors_name: str) -> TensorSource:
     """The component's safetensors file when present, else its released .pth name."""
     st = checkpoint_dir / safetensors_name
     return SafetensorsSource((st,)) if st.is_file() else PthSource(checkpoint_dir / pth_name)
+
+
+def vae_source(checkpoint_dir: Path, config: VAEConfig) -> TensorSource:
+    """The VAE's weights, in either layout (the diffusers table depends on the VAE's block count)."""
+    if detect_layout(checkpoint_dir) is Layout.DIFFUSERS:
+        files = SafetensorsSource(tuple(diffusers_files(checkpoint_dir, DIFFUSERS_VAE)))
+        return RenamedSource(files, diffusers_layout.vae_names(config))
+    return component_source(checkpoint_dir, VAE_FILE, VAE_SAFETENSORS)
+
+
+def text_encoder_source(checkpoint_dir: Path) -> TensorSource:
+    """The umT5 encoder's weights, in either layout."""
+    if detect_layout(checkpoint_dir) is Layout.DIFFUSERS:
+        files = SafetensorsSource(tuple(diffusers_files(checkpoint_dir, DIFFUSERS_T5)))
+        return RenamedSource(files, diffusers_layout.T5_NAMES)
+    return component_source(checkpoint_dir, T5_FILE, T5_SAFETENSORS)
 
 
 def read_dit_shapes(checkpoint_dir: Path) -> dict[str, tuple[int, ...]]:
@@ -331,6 +428,12 @@ def read_dit_state(checkpoint_dir: Path, device: torch.device | str) -> dict[str
 
 
 # ---- loading ----
+
+
+def check_source(module: nn.Module, source: TensorSource) -> KeyReport:
+    """Every key and shape of `source` against `module`, from the headers alone."""
+    stored_as = source.stored_as() if isinstance(source, RenamedSource) else None
+    return compare_shapes(state_shapes(module), source.shapes(), stored_as)
 
 
 def _to_target(source: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -350,7 +453,7 @@ def load_strict(
 ) -> nn.Module:
     """Assign `source`'s tensors into a meta-built `module`, after checking every key and shape from
     the headers; peak memory is the final weights plus one source tensor (module docstring)."""
-    report = compare_shapes(state_shapes(module), source.shapes())
+    report = check_source(module, source)
     if not report.ok:
         raise CheckpointError(report.describe(component))
     for key, tensor in source.tensors():

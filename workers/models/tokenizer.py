@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from workers.models.checkpoint_files import tokenizer_path
 from workers.models.presets import T5Config
 
 UMT5_TOKENIZER_RELPATH = Path("google") / "umt5-xxl" / "tokenizer.json"
@@ -125,7 +126,8 @@ class UMT5Tokenizer(TextTokenizer):
 def load_tokenizer(config: T5Config, checkpoint_dir: Path | None) -> TextTokenizer:
     """The tokenizer named by `config.tokenizer`.
 
-    "umt5" reads `<checkpoint_dir>/google/umt5-xxl/tokenizer.json`; "bytes" needs no file.
+    "umt5" reads `<checkpoint_dir>/google/umt5-xxl/tokenizer.json`, or `<checkpoint_dir>/tokenizer/tokenizer.json`
+    in the diffusers layout (checkpoint_files.py); "bytes" needs no file.
     """
     if config.tokenizer == "bytes":
         if config.vocab_size < ByteTokenizer.VOCAB_SIZE:
@@ -134,9 +136,10 @@ def load_tokenizer(config: T5Config, checkpoint_dir: Path | None) -> TextTokeniz
     if config.tokenizer == "umt5":
         if checkpoint_dir is None:
             raise FileNotFoundError(
-                f"the umt5 tokenizer needs a checkpoint directory containing {UMT5_TOKENIZER_RELPATH}"
+                f"the umt5 tokenizer needs a checkpoint directory containing {UMT5_TOKENIZER_RELPATH} "
+                "(tokenizer/tokenizer.json in the diffusers layout)"
             )
-        path = Path(checkpoint_dir) / UMT5_TOKENIZER_RELPATH
+        path = tokenizer_path(Path(checkpoint_dir))
         if not path.is_file():
             raise FileNotFoundError(f"umt5 tokenizer file not found: expected {path}")
         return UMT5Tokenizer(path, config.text_len)
