@@ -238,6 +238,7 @@ def run_both(
     reference_cells: list[torch.Tensor] | None = None,
     our_cells: list[torch.Tensor] | None = None,
     per_frame_timesteps: bool = False,
+    label: str = "",
 ) -> list[float]:
     """Run the chunk loop on both sides; print and return each chunk's largest relative velocity
     error over its forwards (the sampling steps and the commit)."""
@@ -256,17 +257,17 @@ def run_both(
             cells_ours = chunk.cells if our_cells is None else our_cells[k]
             cells_theirs = chunk.cells if reference_cells is None else reference_cells[k]
             cam_ours = cells_ours if our_camera else None
-            label = f"dit {case.name} chunk {k}"
+            chunk_label = f"dit {case.name}{label} chunk {k}"
             forwards: list[Agreement] = []
             for step, noisy in enumerate(chunk.noisy):
                 t = _step_timesteps(step, case.chunk_frames, per_frame_timesteps)
                 v_ours = our_side.forward(k, noisy, chunk.cond, t, cam_ours, commit=False)
                 v_theirs = their_side.forward(k, noisy, chunk.cond, t, cells_theirs)
-                forwards.append(measure(f"{label} step {step}", v_ours, v_theirs))
+                forwards.append(measure(f"{chunk_label} step {step}", v_ours, v_theirs))
             t0 = torch.zeros(1, dtype=torch.long)
             v_ours = our_side.forward(k, chunk.clean, chunk.cond, t0, cam_ours, commit=True)
             v_theirs = their_side.forward(k, chunk.clean, chunk.cond, t0, cells_theirs)
-            forwards.append(measure(f"{label} commit", v_ours, v_theirs))
+            forwards.append(measure(f"{chunk_label} commit", v_ours, v_theirs))
             worst = max(forwards, key=lambda a: a.rel)
             print(worst)
             errors.append(worst.rel)
@@ -287,13 +288,13 @@ def test_six_chunks_through_the_rolling_window_with_sink_frames(reference: Any, 
 
 
 def test_per_frame_timesteps(reference: Any) -> None:
-    errors = run_both(replace(SMALL, num_chunks=2), reference, per_frame_timesteps=True)
+    errors = run_both(replace(SMALL, num_chunks=2), reference, per_frame_timesteps=True, label=", per-frame t")
     assert max(errors) <= F32_REL_BOUND, errors
 
 
 def test_a_wrong_sink_count_fails_the_comparison_once_the_window_rolls(reference: Any) -> None:
     case = SMALL
-    errors = run_both(case, reference, reference_sink_frames=case.dit.sink_size_frames + 1)
+    errors = run_both(case, reference, reference_sink_frames=case.dit.sink_size_frames + 1, label=", wrong sink")
     # Chunks that fit the window never evict, so they agree; the first roll keeps other frames.
     first_roll = case.dit.local_attn_size_frames // case.chunk_frames
     assert max(errors[:first_roll]) <= F32_REL_BOUND, errors
@@ -301,7 +302,7 @@ def test_a_wrong_sink_count_fails_the_comparison_once_the_window_rolls(reference
 
 
 def test_our_side_without_the_camera_fails_the_comparison(reference: Any) -> None:
-    errors = run_both(replace(SMALL, num_chunks=1), reference, our_camera=False)
+    errors = run_both(replace(SMALL, num_chunks=1), reference, our_camera=False, label=", ours without camera")
     assert errors[0] > 100 * F32_REL_BOUND, errors
 
 
@@ -313,5 +314,6 @@ def test_each_side_with_its_own_camera_code(reference: Any, tmp_path: Path) -> N
         reference,
         our_cells=our_cells(preset, case.chunk_frames, case.num_chunks),
         reference_cells=reference_cells(preset, case.chunk_frames, case.num_chunks, tmp_path),
+        label=", own camera code",
     )
     assert max(errors) <= F32_REL_BOUND, errors
