@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from tests.parity.compare import assert_agrees
+from tests.parity.hf_configs import umt5_config
 from tests.parity.references import fastvideo_module, reference_module
 from workers.models import diffusers_layout, loading
 from workers.models.presets import TINY, T5Config
@@ -48,28 +49,10 @@ def _prompts(text_len: int) -> list[str]:
     return [long, long[: text_len // 2], "go"]
 
 
-def _hf_config(config: T5Config, attention: str) -> object:
-    transformers = reference_module("transformers")
-    hf_config = transformers.UMT5Config(
-        vocab_size=config.vocab_size,
-        d_model=config.dim,
-        d_kv=config.dim_attn // config.num_heads,
-        num_heads=config.num_heads,
-        d_ff=config.dim_ffn,
-        num_layers=config.num_layers,
-        relative_attention_num_buckets=config.num_buckets,
-        relative_attention_max_distance=MAX_DISTANCE,
-        feed_forward_proj="gated-gelu",  # umT5's: wo(gelu_tanh(wi_0 x) * wi_1 x)
-        dropout_rate=0.0,
-    )
-    hf_config._attn_implementation = attention
-    return hf_config
-
-
 def _transformers_encoder(config: T5Config, attention: str, seed: int) -> nn.Module:
     transformers = reference_module("transformers")
     torch.manual_seed(seed)
-    model = transformers.UMT5EncoderModel(_hf_config(config, attention)).eval()
+    model = transformers.UMT5EncoderModel(umt5_config(config, attention)).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "layer_norm" in name:
@@ -164,7 +147,7 @@ def test_relative_position_buckets_match_transformers(num_buckets: int, length: 
     config = T5Config(num_buckets=num_buckets, text_len=length, dim=64, dim_attn=64, num_heads=4)
     with torch.device("meta"):
         attention = transformers.models.umt5.modeling_umt5.UMT5Attention(
-            _hf_config(config, "eager"), has_relative_attention_bias=True
+            umt5_config(config), has_relative_attention_bias=True
         )
     pos = torch.arange(length)
     rel = pos[None, :] - pos[:, None]  # key - query, as both compute it

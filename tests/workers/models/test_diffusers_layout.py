@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from tests.parity.hf_configs import umt5_config
 from tests.parity.references import reference_module
 from tests.workers.models.test_loading import RetainingSource, SpySource
 from workers.models import checkpoint_files, components, diffusers_layout, loading
@@ -81,18 +82,7 @@ def _diffusers_vae(preset: ModelPreset) -> nn.Module:
 
 def _transformers_umt5(config: T5Config) -> nn.Module:
     transformers = reference_module("transformers")
-    hf_config = transformers.UMT5Config(
-        vocab_size=config.vocab_size,
-        d_model=config.dim,
-        d_kv=config.dim_attn // config.num_heads,
-        num_heads=config.num_heads,
-        d_ff=config.dim_ffn,
-        num_layers=config.num_layers,
-        relative_attention_num_buckets=config.num_buckets,
-        feed_forward_proj="gated-gelu",  # umT5's: wo(gelu_tanh(wi_0 x) * wi_1 x)
-        dropout_rate=0.0,
-    )
-    return transformers.UMT5EncoderModel(hf_config).eval()
+    return transformers.UMT5EncoderModel(umt5_config(config)).eval()
 
 
 def _add_camera_layers(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
