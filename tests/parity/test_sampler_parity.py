@@ -7,6 +7,11 @@ shipped pipeline file). One chunk is sampled on both sides with a shared velocit
 shared generator seed, in the stage's loop order: velocity, x0, then fresh noise re-noised to the
 next timestep.
 
+Self-Forcing distillations (Matrix-Game 2.0) sample on another table: FastVideo's
+`SelfForcingFlowMatchScheduler` (shift 5, σ from 1 to 0 with the last row dropped: `sigma_min` 0,
+`extra_one_step`), steps written as t in 1000 warped to rows 1000 − t, x0 through its
+`pred_noise_to_pred_video` and re-noising through its `add_noise`, in its DMD stage's loop order.
+
 The released presets take `SigmaRule.BY_TIMESTEP` and agree with it at float32 rounding. The
 embedded world keeps `TABLE_ROW`, the rule it was trained with; that it differs (1.75e-3 on one
 chunk's x0) is shown here too, so the departure is measured, not assumed.
@@ -21,8 +26,8 @@ import torch
 
 from tests.parity.compare import F32_REL_BOUND, assert_agrees, measure
 from tests.parity.references import fastvideo_method, fastvideo_module
-from workers.models.presets import GRIDWORLD, LINGBOT_1_3B, LINGBOT_14B, ModelPreset, SigmaRule
-from workers.models.sampler import FewStepSampler
+from workers.models.presets import GRIDWORLD, LINGBOT_1_3B, LINGBOT_14B, ModelPreset, ScheduleKind, SigmaRule
+from workers.models.sampler import FewStepSampler, FlowSchedule
 from workers.stages.denoise import make_sampler
 
 pytestmark = pytest.mark.parity
@@ -110,3 +115,44 @@ def test_the_embedded_worlds_training_rule_differs_from_the_release() -> None:
     result = measure("sampler one chunk x0, table-row rule (gridworld)", ours, reference)
     print(result)
     assert result.rel > 10 * F32_REL_BOUND
+
+
+class ReleasedSelfForcingSampler:
+    """The Self-Forcing DMD stage's scheduler, warped steps, x0 conversion and add_noise."""
+
+    def __init__(self, steps: tuple[int, ...], shift: float) -> None:
+        schedulers = fastvideo_module("models.schedulers.scheduling_self_forcing_flow_match")
+        self.scheduler = schedulers.SelfForcingFlowMatchScheduler(
+            num_inference_steps=1000, shift=shift, sigma_min=0.0, extra_one_step=True
+        )
+        warped = torch.cat((self.scheduler.timesteps, torch.tensor([0.0])))
+        self.timesteps = warped[1000 - torch.tensor(steps)]
+        self._to_x0 = fastvideo_module("models.utils").pred_noise_to_pred_video
+
+    def sample(self, noise: torch.Tensor, velocity: Any, generator: torch.Generator) -> torch.Tensor:
+        """noise [1, C, F, H, W]; the stage works on frames as the batch, [F, C, H, W]."""
+        frames = noise[0].transpose(0, 1)
+        current, x0 = frames, frames
+        for i, t in enumerate(self.timesteps):
+            flow = velocity(current.transpose(0, 1)[None], t.reshape(1))[0].transpose(0, 1)
+            x0 = self._to_x0(flow, current, t.repeat(frames.shape[0]), self.scheduler)
+            if i < len(self.timesteps) - 1:
+                # Drawn in our layout so both sides use the same numbers for the same elements.
+                fresh = torch.randn(noise.shape, generator=generator, dtype=x0.dtype)[0].transpose(0, 1)
+                current = self.scheduler.add_noise(x0, fresh, self.timesteps[i + 1].reshape(1))
+        return x0.transpose(0, 1)[None]
+
+
+@pytest.mark.parametrize("steps", [(1000, 666, 333), (1000, 750, 500, 250)], ids=["3 steps", "4 steps"])
+def test_self_forcing_schedule_and_one_chunk(steps: tuple[int, ...]) -> None:
+    released = ReleasedSelfForcingSampler(steps, shift=5.0)
+    table = FlowSchedule.table(ScheduleKind.SELF_FORCING, 1000, 5.0)
+    ours = FewStepSampler(table.subset(tuple(1000 - t for t in steps), SigmaRule.TABLE_ROW))
+    print(
+        f"parity sampler self-forcing {list(steps)}: timesteps {[round(float(t), 2) for t in ours.schedule.timesteps]}"
+    )
+    assert torch.equal(ours.schedule.timesteps, released.timesteps)
+    noise = torch.randn(1, *CHUNK_SHAPE, generator=torch.Generator().manual_seed(SEED - 1))
+    reference = released.sample(noise, velocity, torch.Generator().manual_seed(SEED))
+    mine = ours.sample(noise, velocity, torch.Generator().manual_seed(SEED))
+    assert_agrees(f"sampler self-forcing {len(steps)} steps one chunk x0", mine, reference)

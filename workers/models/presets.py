@@ -13,6 +13,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 
+class ScheduleKind(StrEnum):
+    """Which 1000-row flow table a preset's sampling steps index (workers/models/sampler.py)."""
+
+    UNIPC = "unipc"  # LingBot-World v2: sigmas 0.999…0 shifted, integer timesteps
+    SELF_FORCING = "self_forcing"  # Self-Forcing distillations (Matrix-Game 2.0): sigmas 1…0 shifted, float timesteps
+
+
 class SigmaRule(StrEnum):
     """Which σ a sampling step uses (workers/models/sampler.py says how they differ)."""
 
@@ -154,6 +161,7 @@ class ModelPreset:
     chunk_latent_frames: int = 4
     fps: int = 16
     num_train_timesteps: int = 1000
+    schedule_kind: ScheduleKind = ScheduleKind.UNIPC
     sample_shift: float = 10.0
     timestep_indices: tuple[int, ...] = (0, 250, 500, 750)
     sigma_rule: SigmaRule = SigmaRule.BY_TIMESTEP

@@ -1,4 +1,4 @@
-"""Few-step flow-matching sampling on the UniPC multistep schedule, as LingBot-World v2 fast uses it.
+"""Few-step flow-matching sampling on a 1000-row flow table, as the distilled world models use it.
 
 The schedule is the flow-matching UniPC one: 1000 training steps, sigmas linearly spaced from
 0.999 to 0 and shifted by σ' = s·σ / (1 + (s − 1)·σ), timesteps = ⌊1000·σ'⌋. The distilled model
@@ -14,6 +14,13 @@ one timestep, these differ from the row the step was sampled at (shift 10, t = 9
 re-noise σ 0.967783, row 250 σ 0.967617). The embedded world was trained with the row's own σ
 for both, and keeps that rule.
 
+Self-Forcing distillations (Matrix-Game 2.0) index another table (`FlowSchedule.self_forcing`):
+sigmas linearly spaced from 1 to 0 (the last row dropped), shifted the same way, timesteps
+1000·σ' as float32, not floored. Their released steps are written as "t" in 1000, 666, 333 and
+warped onto that table at rows 1000 − t: shift 5 gives t = 1000, 908.84, 713.98. Every timestep
+of that table is distinct, so a lookup by timestep lands on the row itself: `TABLE_ROW` is the
+released rule there.
+
 A stage keeps its sampler's schedule on its own device (`FewStepSampler.to`), so a sampling step
 reads its timestep and sigma there and never copies them from the host.
 """
@@ -26,12 +33,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from workers.models.presets import SigmaRule
+from workers.models.presets import ScheduleKind, SigmaRule
 
 
 @dataclass(frozen=True)
 class FlowSchedule:
-    timesteps: torch.Tensor  # [N] int64, descending
+    timesteps: torch.Tensor  # [N] descending: int64 (UniPC) or float32 (Self-Forcing)
     sigmas: torch.Tensor  # [N] float32: σ of each step's x0 prediction
     renoise_sigmas: torch.Tensor  # [N] float32: σ of re-noising into each step (row 0: never re-noised into)
 
@@ -49,6 +56,22 @@ class FlowSchedule:
         timesteps = torch.from_numpy(sigmas * n).to(torch.int64)
         table = torch.from_numpy(sigmas).to(torch.float32)
         return FlowSchedule(timesteps=timesteps, sigmas=table, renoise_sigmas=table)
+
+    @staticmethod
+    def self_forcing(num_train_timesteps: int = 1000, shift: float = 5.0) -> FlowSchedule:
+        if shift <= 0:
+            raise ValueError(f"shift must be positive, got {shift}")
+        n = num_train_timesteps
+        # float32 throughout, as the released scheduler builds it, so the timesteps match to the bit.
+        sigmas = torch.linspace(1.0, 0.0, n + 1, dtype=torch.float32)[:-1]
+        sigmas = shift * sigmas / (1 + (shift - 1) * sigmas)
+        return FlowSchedule(timesteps=sigmas * n, sigmas=sigmas, renoise_sigmas=sigmas)
+
+    @staticmethod
+    def table(kind: ScheduleKind, num_train_timesteps: int, shift: float) -> FlowSchedule:
+        if kind is ScheduleKind.SELF_FORCING:
+            return FlowSchedule.self_forcing(num_train_timesteps, shift)
+        return FlowSchedule.unipc(num_train_timesteps, shift)
 
     def subset(self, indices: tuple[int, ...], rule: SigmaRule = SigmaRule.TABLE_ROW) -> FlowSchedule:
         """The steps at `indices` of this (full) table, with their σ chosen by `rule`."""

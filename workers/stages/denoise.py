@@ -25,7 +25,7 @@ from workers.parallel.ulysses import SequenceParallel
 
 
 def make_sampler(preset: ModelPreset) -> FewStepSampler:
-    schedule = FlowSchedule.unipc(preset.num_train_timesteps, preset.sample_shift)
+    schedule = FlowSchedule.table(preset.schedule_kind, preset.num_train_timesteps, preset.sample_shift)
     return FewStepSampler(schedule.subset(preset.timestep_indices, preset.sigma_rule))
 
 

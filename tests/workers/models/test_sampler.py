@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from workers.models.presets import SigmaRule
+from workers.models.presets import ScheduleKind, SigmaRule
 from workers.models.sampler import FewStepSampler, FlowSchedule
 
 INDICES = (0, 250, 500, 750)
@@ -102,6 +102,19 @@ def test_by_timestep_rule_looks_sigma_up_as_the_released_scheduler() -> None:
         rows = (table.timesteps == t).nonzero().flatten().tolist()
         assert released.sigmas[step] == table.sigmas[rows[0]]
         assert released.renoise_sigmas[step] == table.sigmas[rows[1] if len(rows) > 1 else rows[0]]
+
+
+def test_self_forcing_table_warps_the_released_steps() -> None:
+    """σ = linspace(1, 0, 1001)[:-1] shifted by 5, t = 1000·σ' unfloored; steps t ∈ {1000, 666, 333}
+    sit at rows 1000 − t: 1000, 5·0.666/(1 + 4·0.666)·1000 = 908.84, 713.98."""
+    table = FlowSchedule.table(ScheduleKind.SELF_FORCING, 1000, 5.0)
+    assert table.timesteps.dtype == torch.float32 and table.timesteps.shape == (1000,)
+    assert table.timesteps.unique().numel() == 1000, "distinct timesteps: a lookup by timestep is the row"
+    steps = table.subset((0, 334, 667))
+    assert steps.timesteps.tolist() == pytest.approx([1000.0, 908.84, 713.98], abs=0.01)
+    assert steps.sigmas.tolist() == pytest.approx([1.0, 5 * 0.666 / (1 + 4 * 0.666), 5 * 0.333 / (1 + 4 * 0.333)])
+    assert torch.equal(table.subset((0, 334), SigmaRule.BY_TIMESTEP).sigmas, table.subset((0, 334)).sigmas)
+    assert torch.equal(FlowSchedule.table(ScheduleKind.UNIPC, 1000, 10.0).sigmas, FlowSchedule.unipc(1000, 10.0).sigmas)
 
 
 def test_empty_subset_is_rejected() -> None:
