@@ -1,1 +1,2 @@
-"""The LingBot-World model family (Wan DiT with camera control, Wan2.1 VAE, umT5) in torch."""
+"""Model code in torch: the LingBot-World family (Wan DiT with camera control, Wan2.1 VAE, umT5) and
+Matrix-Game 2.0's action-driven DiT (`matrix_game/`)."""

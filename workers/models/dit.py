@@ -63,13 +63,13 @@ class LayerNorm(nn.LayerNorm):
         return F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps).type_as(x)
 
 
-def _linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def weight_dtype_linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     assert isinstance(layer, nn.Linear)
     out: torch.Tensor = layer(x.to(layer.weight.dtype))
     return out
 
 
-def _mlp_f32(mlp: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+def float32_mlp(mlp: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
     """Run a Linear/activation stack in float32 with upcast weights (the time embedding's precision)."""
     for layer in mlp:
         if isinstance(layer, nn.Linear):
@@ -101,9 +101,9 @@ class SelfAttention(nn.Module):
         """x [B, F, S, dim] -> q, k, v [B, F, S, heads, head_dim] in the weight dtype."""
         heads = (*x.shape[:3], self.num_heads, self.head_dim)
         # norm_q / norm_k normalise over the full dim (all heads), so they run before any head split.
-        q = self.norm_q(_linear(self.q, x)).view(heads)
-        k = self.norm_k(_linear(self.k, x)).view(heads)
-        v = _linear(self.v, x).view(heads)
+        q = self.norm_q(weight_dtype_linear(self.q, x)).view(heads)
+        k = self.norm_k(weight_dtype_linear(self.k, x)).view(heads)
+        v = weight_dtype_linear(self.v, x).view(heads)
         return q, k, v
 
     def attend(
@@ -148,15 +148,15 @@ class CrossAttention(nn.Module):
     def text_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-session K/V of the text, [B, heads, text_len, head_dim] each; computed once."""
         b = context.shape[0]
-        k = self.norm_k(_linear(self.k, context)).view(b, -1, self.num_heads, self.head_dim)
-        v = _linear(self.v, context).view(b, -1, self.num_heads, self.head_dim)
+        k = self.norm_k(weight_dtype_linear(self.k, context)).view(b, -1, self.num_heads, self.head_dim)
+        v = weight_dtype_linear(self.v, context).view(b, -1, self.num_heads, self.head_dim)
         return k.transpose(1, 2), v.transpose(1, 2)
 
     def forward(self, x: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         b, length, _ = x.shape
-        q = self.norm_q(_linear(self.q, x)).view(b, length, self.num_heads, self.head_dim)
+        q = self.norm_q(weight_dtype_linear(self.q, x)).view(b, length, self.num_heads, self.head_dim)
         out = self.attention(q.transpose(1, 2), *kv, None)
-        return _linear(self.o, out.transpose(1, 2).flatten(2))
+        return weight_dtype_linear(self.o, out.transpose(1, 2).flatten(2))
 
 
 class DiTBlock(nn.Module):
@@ -182,8 +182,12 @@ class DiTBlock(nn.Module):
         Computed inside each forward rather than kept for the chunk: keeping every block's pair
         costs 2 · num_layers float32 activations (about 10 GB per rank for the 14B model at
         480 × 832), recomputing costs four dim × dim linears per block."""
-        hidden = _linear(self.cam_injector_layer2, F.silu(_linear(self.cam_injector_layer1, cam))) + cam
-        return _linear(self.cam_scale_layer, hidden).float(), _linear(self.cam_shift_layer, hidden).float()
+        hidden = (
+            weight_dtype_linear(self.cam_injector_layer2, F.silu(weight_dtype_linear(self.cam_injector_layer1, cam)))
+            + cam
+        )
+        scale = weight_dtype_linear(self.cam_scale_layer, hidden).float()
+        return scale, weight_dtype_linear(self.cam_shift_layer, hidden).float()
 
     def forward(
         self,
@@ -222,7 +226,7 @@ class DiTBlock(nn.Module):
     ) -> torch.Tensor:
         """Self-attention output into the residual, camera modulation, cross-attention and FFN."""
         shape = x.shape
-        x = x + _linear(self.self_attn.o, y).float() * mod[:, :, 2:3]
+        x = x + weight_dtype_linear(self.self_attn.o, y).float() * mod[:, :, 2:3]
         if cam is not None:
             scale, shift = self.camera_modulation(cam)
             x = (1.0 + scale) * x + shift
@@ -230,7 +234,7 @@ class DiTBlock(nn.Module):
         x = x + y.float()
         h = self.norm2(x) * (1 + mod[:, :, 4:5]) + mod[:, :, 3:4]
         ffn_in, act, ffn_out = self.ffn  # Linear, GELU, Linear (checkpoint keys ffn.0 / ffn.2)
-        y = _linear(ffn_out, act(_linear(ffn_in, h)))
+        y = weight_dtype_linear(ffn_out, act(weight_dtype_linear(ffn_in, h)))
         return x + y.float() * mod[:, :, 5:6]
 
     # Replaced by compiled versions under `--compile` (see workers/models/kernels.py).
@@ -248,7 +252,7 @@ class Head(nn.Module):
 
     def forward(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         shift, scale = (self.modulation.unsqueeze(0).float() + e.unsqueeze(2)).chunk(2, dim=2)
-        return _linear(self.head, self.norm(x) * (1 + scale) + shift).float()
+        return weight_dtype_linear(self.head, self.norm(x) * (1 + scale) + shift).float()
 
 
 @dataclass(frozen=True)
@@ -310,8 +314,10 @@ class WanDiT(nn.Module):
             # Everything below is per token, so shard the patchified rays before the embedding.
             sp.validate(tokens.shape[2], self.cfg.num_heads)
             tokens = sp.shard_tokens(tokens)  # [B, F, S/N, 1536]
-        cam = _linear(self.patch_embedding_wancamctrl, tokens)
-        cam = cam + _linear(self.c2ws_hidden_states_layer2, F.silu(_linear(self.c2ws_hidden_states_layer1, cam)))
+        cam = weight_dtype_linear(self.patch_embedding_wancamctrl, tokens)
+        cam = cam + weight_dtype_linear(
+            self.c2ws_hidden_states_layer2, F.silu(weight_dtype_linear(self.c2ws_hidden_states_layer1, cam))
+        )
         return ChunkCamera(cam)
 
     # ---- forward ----
@@ -357,8 +363,8 @@ class WanDiT(nn.Module):
         if t.dim() == 1:
             t = t[:, None].expand(b, f)
         # Timestep conditioning stays float32 even with bf16 weights: it scales the residual stream.
-        e = _mlp_f32(self.time_embedding, sinusoidal_embedding(self.cfg.freq_dim, t.flatten()))
-        e0 = _mlp_f32(self.time_projection, e).view(b, f, 6, self.cfg.dim)
+        e = float32_mlp(self.time_embedding, sinusoidal_embedding(self.cfg.freq_dim, t.flatten()))
+        e0 = float32_mlp(self.time_projection, e).view(b, f, 6, self.cfg.dim)
         e = e.float().view(b, f, self.cfg.dim)
 
         if rope is None:

@@ -23,12 +23,12 @@ def rope_split(head_dim: int) -> tuple[int, int, int]:
     return pairs - 2 * spatial, spatial, spatial
 
 
-def _inv_freq(num_pairs: int, device: torch.device, theta: float = 10000.0) -> torch.Tensor:
+def inverse_frequencies(num_pairs: int, device: torch.device, theta: float = 10000.0) -> torch.Tensor:
     exponent = torch.arange(0, 2 * num_pairs, 2, dtype=torch.float64, device=device) / (2 * num_pairs)
     return 1.0 / theta**exponent
 
 
-def _angles(start: int, count: int, inv_freq: torch.Tensor) -> torch.Tensor:
+def rotation_angles(start: int, count: int, inv_freq: torch.Tensor) -> torch.Tensor:
     """Positions start..start+count-1 -> [count, num_pairs] rotation angles (float64)."""
     positions = torch.arange(start, start + count, device=inv_freq.device)
     return positions.to(torch.float64)[:, None] * inv_freq[None, :]
@@ -42,9 +42,9 @@ class RopeTables:
         n_t, n_h, n_w = rope_split(head_dim)
         self.grid = (grid_h, grid_w)
         self.device = device
-        self._inv_freq_t = _inv_freq(n_t, device)
-        a_h = _angles(0, grid_h, _inv_freq(n_h, device))
-        a_w = _angles(0, grid_w, _inv_freq(n_w, device))
+        self._inv_freq_t = inverse_frequencies(n_t, device)
+        a_h = rotation_angles(0, grid_h, inverse_frequencies(n_h, device))
+        a_w = rotation_angles(0, grid_w, inverse_frequencies(n_w, device))
         self._spatial = torch.cat(
             [a_h[:, None, :].expand(grid_h, grid_w, n_h), a_w[None, :, :].expand(grid_h, grid_w, n_w)], dim=-1
         )  # [gh, gw, n_h + n_w]
@@ -55,7 +55,7 @@ class RopeTables:
         if self._last is not None and self._last[:2] == (start_frame, num_frames):
             return self._last[2]
         gh, gw = self.grid
-        a_t = _angles(start_frame, num_frames, self._inv_freq_t)
+        a_t = rotation_angles(start_frame, num_frames, self._inv_freq_t)
         angles = torch.cat(
             [
                 a_t[:, None, None, :].expand(num_frames, gh, gw, a_t.shape[-1]),

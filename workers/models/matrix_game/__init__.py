@@ -1,0 +1,8 @@
+"""Matrix-Game 2.0 (SkyworkAI): a Wan-1.3B causal, few-step video DiT driven by keyboard and mouse.
+
+- `config`: the shapes, and the three released distilled variants (universal, GTA drive, Temple Run).
+- `actions`: which per-video-frame actions each latent frame reads.
+- `action_module`: the mouse and keyboard paths inside the first blocks, with their own RoPE.
+- `cache`: a session's rolling caches (self-attention, mouse, keyboard), staged and committed together.
+- `dit`: the DiT, whose parameter names are the released checkpoint's.
+"""
