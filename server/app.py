@@ -367,6 +367,7 @@ def create_app(settings: Settings) -> FastAPI:
             "dispatch": settings.dispatch.value,
             "kernels": settings.kernels.record(state.placement.stage_devices("dit")[0]),
             "controls": client_contract(),
+            "accepts": p.controls.record(),
             "limits": {
                 "control_message_bytes": MAX_CONTROL_MESSAGE_BYTES,
                 "control_rate_per_s": settings.control_rate_per_s,

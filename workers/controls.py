@@ -167,6 +167,42 @@ class ControlState:
         return control, reset
 
 
+@dataclass(frozen=True)
+class ControlVocabulary:
+    """The keys and the mouse look a model family's control adapter turns into model input; the rest
+    of the one wire vocabulary is accepted and has no effect on that model. Published per preset
+    (GET /v1/model `accepts`) so clients can show only what steers."""
+
+    keys: frozenset[str]  # canonical key names (the keys of MOVE_KEYS and TURN_KEYS)
+    look: bool  # whether `look` deltas steer
+    meanings: tuple[tuple[str, str], ...] = ()  # (key, what it does for this model), for key help
+
+    def __post_init__(self) -> None:
+        unknown = self.keys - set(MOVE_KEYS) - set(TURN_KEYS)
+        if unknown:
+            raise ValueError(f"keys outside the wire vocabulary: {sorted(unknown)}")
+
+    def record(self) -> dict[str, Any]:
+        return {"keys": sorted(self.keys), "look": self.look, "meanings": dict(self.meanings)}
+
+
+# The camera families (LingBot-World, the embedded world) take every key and the mouse look.
+CAMERA_VOCABULARY = ControlVocabulary(
+    keys=frozenset(MOVE_KEYS) | frozenset(TURN_KEYS),
+    look=True,
+    meanings=(
+        ("w", "forward"),
+        ("s", "back"),
+        ("a", "strafe left"),
+        ("d", "strafe right"),
+        ("j", "turn left"),
+        ("l", "turn right"),
+        ("i", "look up"),
+        ("k", "look down"),
+    ),
+)
+
+
 def client_contract() -> dict[str, Any]:
     """The control vocabulary and limits as clients need them (published by GET /v1/model)."""
     return {

@@ -68,6 +68,8 @@ def test_health_ready_model_scenes_ice_metrics_openapi(client: TestClient) -> No
     m = client.get("/v1/model").json()
     assert (m["model"], m["width"], m["height"], m["fps"], m["chunk_frames"]) == ("tiny", 128, 128, 16, 16)
     assert "random weights" in m["weights"]
+    assert m["accepts"]["keys"] == sorted("adijklsw") and m["accepts"]["look"] is True
+    assert m["accepts"]["meanings"]["j"] == "turn left"
     assert m["kernels"] == {"attention": "auto", "attention_resolved": "auto", "compile": False, "deterministic": False}
     names = [s["name"] for s in m["scenes"]]
     assert "main-street" in names

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from workers.controls import CAMERA_VOCABULARY, ControlVocabulary
+
 
 class ScheduleKind(StrEnum):
     """Which 1000-row flow table a preset's sampling steps index (workers/models/sampler.py)."""
@@ -171,6 +173,8 @@ class ModelPreset:
     # real-time rule. The offline release normalises once over a whole clip, which a live session
     # cannot do, since it does not know the path ahead; so here every preset follows the real-time rule.
     translation_scale: float = 3.0
+    # The keys and look this family's control adapter turns into model input (GET /v1/model `accepts`).
+    controls: ControlVocabulary = CAMERA_VOCABULARY
     weights_note: str = "official checkpoint (load with --checkpoint)"
     tags: tuple[str, ...] = field(default_factory=tuple)
     # Weights that ship inside the package (a directory under workers/models/weights/), loaded when

@@ -5,4 +5,5 @@
 - `action_module`: the mouse and keyboard paths inside the first blocks, with their own RoPE.
 - `cache`: a session's rolling caches (self-attention, mouse, keyboard), staged and committed together.
 - `dit`: the DiT, whose parameter names are the released checkpoint's.
+- `controls`: our keys and mouse look -> each variant's per-frame actions, and a session's history.
 """
