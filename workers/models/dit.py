@@ -48,10 +48,13 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """x over its root mean square (in float32), in x's dtype, before the gain."""
         xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
+        return (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)).type_as(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.normalize(x) * self.weight
 
 
 class LayerNorm(nn.LayerNorm):

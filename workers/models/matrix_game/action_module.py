@@ -24,24 +24,18 @@ import torch.nn.functional as F
 
 from workers.models.attention import AttendFn, attention_fn
 from workers.models.attention_backend import AttentionBackend
-from workers.models.dit import LayerNorm, weight_dtype_linear
+from workers.models.dit import LayerNorm, RMSNorm, weight_dtype_linear
 from workers.models.kv_cache import LayerKVCache
 from workers.models.matrix_game.actions import ChunkActions
 from workers.models.matrix_game.config import MatrixGameConfig
 from workers.models.rope import apply_rope, inverse_frequencies, rotation_angles
 
 
-class UnweightedRMSNorm(nn.Module):
+class UnweightedRMSNorm(RMSNorm):
     """RMSNorm whose `weight` is kept for the checkpoint's key set but not applied (module doc)."""
 
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)).type_as(x)
+        return self.normalize(x)
 
 
 class ActionRope:
