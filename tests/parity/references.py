@@ -30,6 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
 
 SITE = Path(__file__).resolve().parents[2] / ".parity"
 
@@ -45,6 +48,35 @@ def _site() -> str:
 
 def _make_grid_stand_in(*args: object, **kwargs: object) -> None:
     raise RuntimeError("torchvision stand-in: make_grid is not part of any compared code")
+
+
+def float32_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, scale: float | None = None
+) -> torch.Tensor:
+    """Attention over q, k, v [B, L, heads, head_dim] in float32, unmasked: what the references'
+    CUDA- or FlashAttention-only attention entry points are routed to on the CPU."""
+    q, k, v = (x.transpose(1, 2).float() for x in (q, k, v))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale).transpose(1, 2).contiguous()
+
+
+class Float32LocalAttention(nn.Module):
+    """`float32_sdpa` behind FastVideo's `LocalAttention` interface (its CPU platform names no kernel)."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        num_kv_heads: int | None = None,
+        softmax_scale: float | None = None,
+        causal: bool = False,
+        **_: Any,
+    ) -> None:
+        super().__init__()
+        self.scale, self.causal = softmax_scale, causal
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, freqs_cis: Any = None) -> torch.Tensor:
+        assert freqs_cis is None, "the compared paths rotate q and k before attention"
+        return float32_sdpa(q, k, v, causal=self.causal, scale=self.scale)
 
 
 def fastvideo_module(name: str) -> types.ModuleType:

@@ -64,7 +64,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.parity.compare import assert_agrees, measure
-from tests.parity.references import SITE, fastvideo_method, fastvideo_module, reference_module
+from tests.parity.references import SITE, Float32LocalAttention, fastvideo_method, fastvideo_module, reference_module
 from workers.images import to_model_range
 from workers.models.clip import VIT_H_14, CLIPVisionConfig, CLIPVisionTower, preprocess, visual_state
 
@@ -201,39 +201,11 @@ def test_tower_one_block_deeper_differs() -> None:
     assert not result.holds, "taking the last block must not pass for the second-to-last"
 
 
-class _SDPAttention(nn.Module):
-    """Float32 SDPA with the reference `LocalAttention`'s call: q, k, v [B, L, heads, head_dim]."""
-
-    def __init__(
-        self,
-        num_heads: int,
-        head_size: int,
-        num_kv_heads: int | None = None,
-        softmax_scale: float | None = None,
-        causal: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__()
-        self.scale = softmax_scale
-        self.causal = causal
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, freqs_cis: Any = None) -> torch.Tensor:
-        assert freqs_cis is None
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2).float(),
-            k.transpose(1, 2).float(),
-            v.transpose(1, 2).float(),
-            is_causal=self.causal,
-            scale=self.scale,
-        )
-        return out.transpose(1, 2)
-
-
 @pytest.fixture
 def fastvideo_clip(monkeypatch: pytest.MonkeyPatch) -> Any:
     module = fastvideo_module("models.encoders.clip")
     linear = fastvideo_module("layers.linear")
-    monkeypatch.setattr(module, "LocalAttention", _SDPAttention)
+    monkeypatch.setattr(module, "LocalAttention", Float32LocalAttention)
     for owner in (module, linear):
         monkeypatch.setattr(owner, "get_tp_world_size", lambda: 1)
     monkeypatch.setattr(linear, "get_tp_rank", lambda: 0)

@@ -28,11 +28,10 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from tests.parity.camera_paths import our_cells, reference_cells, walk_preset
 from tests.parity.compare import F32_REL_BOUND, Agreement, measure
-from tests.parity.references import fastvideo_module
+from tests.parity.references import fastvideo_module, float32_sdpa
 from workers.models.dit import WanDiT
 from workers.models.kv_cache import KVCacheSpec, SessionKVCache
 from workers.models.presets import DiTConfig
@@ -85,20 +84,17 @@ HEAD_DIM_128 = Case(
 )
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """[B, L, heads, hd] attention in float32, without masks (the reference passes none here)."""
+def _unmasked_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """The reference's `attention` / `flash_attention` call; it passes no masks on these paths."""
     assert kwargs.get("q_lens") is None and kwargs.get("k_lens") is None
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2).float(), k.transpose(1, 2).float(), v.transpose(1, 2).float()
-    )
-    return out.transpose(1, 2).contiguous()
+    return float32_sdpa(q, k, v)
 
 
 @pytest.fixture
 def reference(monkeypatch: pytest.MonkeyPatch) -> Any:
     module = fastvideo_module("models.dits.lingbotworld2.causal_fast")
-    monkeypatch.setattr(module, "attention", _sdpa)
-    monkeypatch.setattr(module, "flash_attention", _sdpa)
+    monkeypatch.setattr(module, "attention", _unmasked_sdpa)
+    monkeypatch.setattr(module, "flash_attention", _unmasked_sdpa)
     monkeypatch.setattr(module, "get_sp_world_size", lambda: 1)
     monkeypatch.setattr(module, "get_sp_parallel_rank", lambda: 0)
     return module

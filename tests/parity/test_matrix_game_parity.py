@@ -44,10 +44,9 @@ from typing import Any
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from tests.parity.compare import F32_REL_BOUND, Agreement, measure
-from tests.parity.references import fastvideo_module
+from tests.parity.references import Float32LocalAttention, fastvideo_module
 from workers.models.matrix_game.actions import ChunkActions
 from workers.models.matrix_game.cache import MatrixGameCache
 from workers.models.matrix_game.config import MatrixGameConfig
@@ -105,25 +104,11 @@ GTA = Case("gta", replace(SMALL.cfg, keyboard_dim=2, local_attn_size_frames=4), 
 TEMPLERUN = Case("templerun", replace(SMALL.cfg, keyboard_dim=7, mouse_dim=None), num_chunks=4)
 
 
-class _SDPAttention(nn.Module):
-    """Float32 SDPA with the reference `LocalAttention`'s call: q, k, v [B, L, heads, head_dim]."""
-
-    def __init__(self, num_heads: int, head_size: int, **kwargs: Any) -> None:
-        super().__init__()
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, freqs_cis: Any = None) -> torch.Tensor:
-        assert freqs_cis is None
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2).float(), k.transpose(1, 2).float(), v.transpose(1, 2).float()
-        )
-        return out.transpose(1, 2)
-
-
 @pytest.fixture
 def reference(monkeypatch: pytest.MonkeyPatch) -> Any:
     module = fastvideo_module("models.dits.matrixgame2.causal_model")
     for name in ("matrixgame2.causal_model", "matrixgame2.action_module", "wanvideo"):
-        monkeypatch.setattr(fastvideo_module(f"models.dits.{name}"), "LocalAttention", _SDPAttention)
+        monkeypatch.setattr(fastvideo_module(f"models.dits.{name}"), "LocalAttention", Float32LocalAttention)
     monkeypatch.setattr(module, "get_sp_world_size", lambda: 1)
     return module
 
