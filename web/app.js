@@ -78,6 +78,8 @@
     hudStrip: $("hud-strip"),
     hudTimeline: $("hud-timeline"),
     timelineBtn: $("timeline-btn"),
+    keyHelp: $("key-help"),
+    controlsHelp: $("controls-help"),
     touchControls: $("touch-controls"),
     stick: $("stick"),
     stickKnob: $("stick-knob"),
@@ -253,6 +255,7 @@
     }
     hook.model = modelInfo;
     showModel(modelInfo.model, modelInfo.weights);
+    renderKeyHelp(modelInfo);
     renderScenes(modelInfo.scenes || []);
     showMessage("", false);
     updateControls();
@@ -268,6 +271,92 @@
     } else {
       el.weightsNote.hidden = true;
     }
+  }
+
+  // ---- the Controls help: only what this model steers by (GET /v1/model `accepts`) ----
+  //
+  // Models differ: the camera ones take W A S D, I J K L and the mouse, a Temple Run one jumps on W
+  // and has no mouse look. Other keys still reach the server, which ignores them, so the help lists
+  // only the accepted ones. The R and T lines are the page's and the server's own, whatever the model.
+
+  const ALIAS_NAMES = { // browser key alias → [key cap, spoken name]
+    arrowup: ["\u2191", "up arrow"],
+    arrowdown: ["\u2193", "down arrow"],
+    arrowleft: ["\u2190", "left arrow"],
+    arrowright: ["\u2192", "right arrow"],
+  };
+
+  // True until the server says otherwise: the static help (and an older server) offer the mouse.
+  function lookAccepted() {
+    const accepts = modelInfo && modelInfo.accepts;
+    return !accepts || accepts.look !== false;
+  }
+
+  function keyCap(text) {
+    const span = document.createElement("span");
+    span.className = "kbd";
+    span.textContent = text;
+    return span;
+  }
+
+  // [{caps: [[cap, spoken]…], meaning}] in the server's order; keys sharing a meaning share a line.
+  function keyHelpLines(info) {
+    const accepts = info.accepts;
+    const keys = (accepts.keys || []).map(String);
+    const meanings = accepts.meanings && typeof accepts.meanings === "object" ? accepts.meanings : {};
+    const aliases = {}; // canonical key → its aliases
+    for (const [alias, key] of Object.entries((info.controls && info.controls.key_aliases) || {})) {
+      (aliases[key] = aliases[key] || []).push(alias);
+    }
+    const byMeaning = new Map();
+    const described = new Set();
+    for (const [key, meaning] of Object.entries(meanings)) {
+      if (!keys.includes(key)) continue; // a meaning for a key the model ignores: not advertised
+      const text = String(meaning);
+      if (!byMeaning.has(text)) byMeaning.set(text, []);
+      byMeaning.get(text).push(key);
+      described.add(key);
+    }
+    // Accepted keys the server gives no meaning for still steer something.
+    const rest = keys.filter((k) => !described.has(k));
+    if (rest.length) byMeaning.set(byMeaning.size ? "also steer" : "steer", rest);
+    return [...byMeaning].map(([meaning, ks]) => ({
+      meaning,
+      caps: ks.flatMap((k) => [[k.toUpperCase(), k.toUpperCase()],
+        ...(aliases[k] || []).map((a) => ALIAS_NAMES[a] || [a, a])]),
+    }));
+  }
+
+  const staticVideoLabel = el.videoBox.getAttribute("aria-label");
+
+  function renderKeyHelp(info) {
+    const accepts = info.accepts;
+    const known = Boolean(accepts) && typeof accepts === "object";
+    const look = lookAccepted();
+    const lines = known ? keyHelpLines(info) : [];
+    el.keyHelp.replaceChildren(...lines.map(({ caps, meaning }) => {
+      const li = document.createElement("li");
+      li.dataset.key = caps[0][0].toLowerCase();
+      caps.forEach(([cap], i) => {
+        if (i) li.append(" or ");
+        li.append(keyCap(cap));
+      });
+      li.append(`: ${meaning}`);
+      return li;
+    }));
+    el.keyHelp.hidden = lines.length === 0;
+    // Without `accepts` (an older server) the static help stands as written.
+    el.controlsHelp.querySelectorAll("[data-help='keys']").forEach((n) => { n.hidden = known; });
+    el.controlsHelp.querySelector("[data-help='mouse']").hidden = !look;
+    el.controlsHelp.querySelector("[data-help='touch-look']").hidden = !look;
+    if (!known) {
+      el.videoBox.setAttribute("aria-label", staticVideoLabel);
+      return;
+    }
+    const spoken = lines.map(({ caps, meaning }) => `${caps.map(([, name]) => name).join(" or ")} ${meaning}`);
+    if (look) spoken.push("click to look around with the mouse");
+    spoken.push("R resets the camera", "T shows the stage timeline");
+    el.videoBox.setAttribute("aria-label", `Generated world. While it streams: ${spoken.join(", ")}.`);
   }
 
   function renderScenes(scenes) {
@@ -1139,7 +1228,8 @@
   }
 
   function lockPointer() {
-    if (hook.state !== "streaming" || document.pointerLockElement === el.videoBox) return;
+    // A model without mouse look has no use for a captured pointer.
+    if (hook.state !== "streaming" || document.pointerLockElement === el.videoBox || !lookAccepted()) return;
     try {
       const p = el.videoBox.requestPointerLock();
       if (p && p.catch) p.catch(() => {});
@@ -1277,7 +1367,8 @@
     hook.action = (state === "error" || state === "closed") && action && (lastBody || !restartable) ? action : null;
     el.overlayBtn.hidden = hook.action === null;
     if (hook.action) el.overlayBtn.textContent = ACTION_LABELS[hook.action];
-    el.lookBtn.hidden = state !== "streaming" || document.pointerLockElement === el.videoBox || hook.touchUi;
+    el.lookBtn.hidden = state !== "streaming" || document.pointerLockElement === el.videoBox || hook.touchUi ||
+      !lookAccepted();
     el.touchControls.hidden = !(hook.touchUi && state === "streaming");
     if (state !== "streaming") el.hudError.textContent = ""; // the overlay says what happened
     updateControls();
@@ -1397,7 +1488,7 @@
   document.addEventListener("pointerlockchange", () => {
     const locked = document.pointerLockElement === el.videoBox;
     el.videoBox.classList.toggle("locked", locked);
-    el.lookBtn.hidden = locked || hook.state !== "streaming";
+    el.lookBtn.hidden = locked || hook.state !== "streaming" || !lookAccepted();
   });
   document.addEventListener("mousemove", onMouseMove);
   window.addEventListener("keydown", onKeyDown);

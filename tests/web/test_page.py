@@ -12,6 +12,8 @@ and only the world model is not; `--max-sessions 1`, so a second session meets a
   a busy server is retried with backoff until the slot frees.
 - Accessibility: every control is reached with Tab and shows a focus ring, every control has an
   accessible name, and at 200 % zoom the HUD and its stage timeline (key T) fit inside the video.
+- Controls help: built from what the served model accepts (GET /v1/model `accepts`), so a model
+  without mouse look (Temple Run) offers no mouse, and keys a model ignores are not listed.
 """
 
 from __future__ import annotations
@@ -288,4 +290,68 @@ def test_keyboard_reaches_every_control_and_the_hud_reads_at_200_percent(
     assert fits["inside"] and fits["cut"] == [], fits
     page.screenshot(path=str(tmp_path / "zoom-200.png"))
     stop(page)
+    no_page_errors(errors)
+
+
+# A Temple Run model's vocabulary, plus a meaning for a key it does not accept (which must not show).
+TEMPLERUN_ACCEPTS = {
+    "keys": ["a", "d", "j", "l", "s", "w"],
+    "look": False,
+    "meanings": {
+        "w": "jump",
+        "s": "slide",
+        "j": "turn left",
+        "l": "turn right",
+        "a": "left side",
+        "d": "right side",
+        "i": "look up",
+    },
+}
+
+
+def key_help(page: Any) -> dict[str, Any]:
+    lines = page.locator("#key-help li").all_inner_texts()
+    caps = page.locator("#key-help .kbd").all_inner_texts()
+    return {
+        "lines": [" ".join(line.split()) for line in lines],
+        "letters": {c for c in caps if c.isalpha()},
+        "text": " ".join(page.locator(".help").inner_text().split()),  # visible text only
+        "label": page.locator("#video-box").get_attribute("aria-label"),
+    }
+
+
+def test_the_controls_help_lists_what_the_model_accepts(browser: Any, server: ServerProcess, errors: list[str]) -> None:
+    model = httpx.get(server.url + "/v1/model").json()
+    accepts = model["accepts"]
+    assert "innerHTML" not in httpx.get(server.url + "/static/app.js").text  # server strings go in as text
+    page = open_page(browser, server, errors, viewport={"width": 1280, "height": 800})
+    shown = key_help(page)
+    # One line per meaning, in the server's order, led by its key (then the arrow key aliasing it).
+    assert [line.split(" or ")[0].split(":")[0] for line in shown["lines"]] == [k.upper() for k in accepts["meanings"]]
+    assert [line.split(": ", 1)[1] for line in shown["lines"]] == list(accepts["meanings"].values())
+    assert shown["letters"] == {k.upper() for k in accepts["keys"]}
+    assert "W or \u2191: forward" in shown["lines"], shown  # the arrow keys alias W A S D
+    assert accepts["look"] and "Mouse: click the video to look around" in shown["text"]
+    assert "drag the video to look" in shown["text"]
+    assert "arrow keys: move" not in shown["text"]  # the static fallback gave way
+    assert "reset the camera pose" in shown["text"] and "the stage timeline" in shown["text"]
+    assert "mouse" in shown["label"] and "forward" in shown["label"]
+
+    def templerun(route: Any) -> None:
+        response = route.fetch()
+        body = response.json()
+        body["accepts"] = TEMPLERUN_ACCEPTS
+        route.fulfill(response=response, body=json.dumps(body))
+
+    page.route("**/v1/model", templerun)
+    page.reload()
+    page.wait_for_function("() => (window.worldrtc.model || {}).accepts?.look === false", timeout=15_000)
+    shown = key_help(page)
+    assert shown["lines"][:2] == ["W or \u2191: jump", "S or \u2193: slide"], shown
+    assert len(shown["lines"]) == 6 and shown["letters"] == {"A", "D", "J", "L", "S", "W"}  # no I: not accepted
+    assert "Mouse" not in shown["text"] and "drag the video to look" not in shown["text"], shown["text"]
+    assert "Touch: the stick walks, the buttons turn and reset" in shown["text"]
+    assert "reset the camera pose" in shown["text"] and "the stage timeline" in shown["text"]
+    assert "jump" in shown["label"] and "mouse" not in shown["label"] and "look up" not in shown["label"]
+    page.context.close()
     no_page_errors(errors)
