@@ -176,7 +176,7 @@ def _run_in_process(args: argparse.Namespace, trace: Trace, rec: Recorder, prese
         for k in range(args.chunks):
             control, reset = replayer.control_at(session.frames_done / preset.fps)
             if reset:
-                session.camera.reset_pose()
+                session.control.reset_pose()
             result = session.step(control)
             tm = result.timings
             ready_s = time.perf_counter() - t_start

@@ -358,6 +358,7 @@ def create_app(settings: Settings) -> FastAPI:
         p = state.preset
         return {
             "model": p.name,
+            "family": p.family.value,
             "weights": p.weights_note,
             "width": p.width_px,
             "height": p.height_px,
@@ -368,6 +369,7 @@ def create_app(settings: Settings) -> FastAPI:
             "kernels": settings.kernels.record(state.placement.stage_devices("dit")[0]),
             "controls": client_contract(),
             "accepts": p.controls.record(),
+            "takes_prompt": p.t5 is not None,  # Matrix-Game conditions on the start image only
             "limits": {
                 "control_message_bytes": MAX_CONTROL_MESSAGE_BYTES,
                 "control_rate_per_s": settings.control_rate_per_s,

@@ -135,6 +135,9 @@ class ChunkMsg(_ServerMessage):
     parts: list[tuple[int, int, int]]  # (first_frame, pts_start, num_frames) of each part as paced
     applied_seq: int | None  # the last control message folded into this chunk's controls
     applied_keys: list[str]
+    # That control as the DiT consumed it: {"poses": [F][4][4]} for camera models, {"keyboard":
+    # [F][12][keys], "mouse": [F][12][2] or null} for Matrix-Game (each latent frame's action window).
+    model_input: dict[str, Any] | None = None
     timings: dict[str, float | None]  # {stage}_s busy, queue_s, start_to_pacer_s
     stages: dict[str, tuple[float, float]]  # stage -> (dispatch, done), s since the session opened
 

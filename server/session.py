@@ -492,6 +492,7 @@ class ServerSession:
                 parts=parts,
                 applied_seq=rec.control.seq if rec.control is not None else None,
                 applied_keys=sorted(rec.control.keys) if rec.control is not None else [],
+                model_input=rec.model_input,
                 timings=timings,
                 stages={
                     s.value: (tm.dispatch_t - self._open_perf_t, tm.done_t - self._open_perf_t)

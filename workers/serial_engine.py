@@ -22,17 +22,14 @@ import torch
 from workers.controls import ChunkControl
 from workers.determinism import DEFAULT_CPU_THREADS, intra_op_threads
 from workers.images import fit_image, read_image, to_model_range
-from workers.models.camera import CameraMotion, CameraTrack
 from workers.models.checkpoint_files import require_checkpoint
-from workers.models.components import load_dit, load_text_encoder, load_vae
-from workers.models.dit import WanDiT
-from workers.models.kernels import DEFAULT_KERNELS, KernelConfig, apply_to_dit, apply_to_process
+from workers.models.components import load_vae
+from workers.models.family import ChunkDenoiser, ContextEncoder, ControlTrack, ModelFamily, family_for
+from workers.models.kernels import DEFAULT_KERNELS, KernelConfig, apply_to_process
 from workers.models.presets import ModelPreset, get_preset
-from workers.models.t5 import TextEncoder
 from workers.models.vae import WanVAE
-from workers.stages.condition import ImageConditionStream, encode_prompt
+from workers.stages.condition import ImageConditionStream
 from workers.stages.decode import DecodeSession
-from workers.stages.denoise import DenoiseSession
 
 
 @dataclass(frozen=True)
@@ -61,8 +58,8 @@ class SerialSession:
     preset: ModelPreset
     chunk_latent_frames: int
     condition: ImageConditionStream
-    camera: CameraTrack
-    denoise: DenoiseSession
+    control: ControlTrack
+    denoise: ChunkDenoiser
     decode: DecodeSession
     cpu_threads: int
     chunks_done: int = 0
@@ -75,9 +72,9 @@ class SerialSession:
         with intra_op_threads(self.cpu_threads):
             t0 = time.perf_counter()
             cond = self.condition.next_chunk()
-            poses = self.camera.next_poses(control, self.chunk_latent_frames)
+            inputs = self.control.next_inputs(control, self.chunk_latent_frames)
             t1 = time.perf_counter()
-            latents = self.denoise.run_chunk(cond.to(self.denoise.device), poses.to(self.denoise.device))
+            latents = self.denoise.run_chunk(cond.to(self.denoise.device), inputs.to(self.denoise.device))
             t2 = time.perf_counter()
             frames = self.decode.run_chunk(latents)
             t3 = time.perf_counter()
@@ -102,18 +99,19 @@ class SerialEngine:
     def __init__(
         self,
         preset: ModelPreset,
-        dit: WanDiT,
+        dit: torch.nn.Module,
         vae: WanVAE,
-        text_encoder: TextEncoder,
+        context_encoder: ContextEncoder,
         device: torch.device,
         cpu_threads: int = DEFAULT_CPU_THREADS,
     ) -> None:
         if cpu_threads < 1:
             raise ValueError(f"cpu_threads must be at least 1, got {cpu_threads}")
         self.preset = preset
+        self.family: ModelFamily = family_for(preset)
         self.dit = dit
         self.vae = vae
-        self.text_encoder = text_encoder
+        self.context_encoder = context_encoder
         self.device = device
         self.cpu_threads = cpu_threads
 
@@ -137,11 +135,12 @@ class SerialEngine:
         require_checkpoint(preset, checkpoint_dir)
         ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
         apply_to_process(kernels, dev)
+        family = family_for(preset)
         return SerialEngine(
             preset,
-            apply_to_dit(load_dit(preset, dev, ckpt, weights_seed), kernels, dev),
+            family.load_dit(preset, dev, ckpt, weights_seed, kernels),
             load_vae(preset, dev, ckpt, weights_seed),
-            load_text_encoder(preset, dev, ckpt, weights_seed),
+            family.load_context_encoder(preset, dev, ckpt, weights_seed),
             dev,
             cpu_threads,
         )
@@ -152,7 +151,6 @@ class SerialEngine:
         prompt: str = "",
         seed: int = 0,
         chunk_latent_frames: int | None = None,
-        motion: CameraMotion | None = None,
     ) -> SerialSession:
         p = self.preset
         chunk = chunk_latent_frames if chunk_latent_frames is not None else p.chunk_latent_frames
@@ -163,16 +161,15 @@ class SerialEngine:
                 f"chunk of {chunk} latent frames does not fit the attention window "
                 f"({p.dit.local_attn_size_frames} frames, {p.dit.sink_size_frames} sink)"
             )
-        rgb = fit_image(read_image(image), p.height_px, p.width_px)
+        rgb = to_model_range(fit_image(read_image(image), p.height_px, p.width_px))
         with intra_op_threads(self.cpu_threads):
-            with torch.no_grad():
-                text = encode_prompt(self.text_encoder, prompt)
+            context = self.context_encoder.encode(rgb, prompt)
             return SerialSession(
                 preset=p,
                 chunk_latent_frames=chunk,
-                condition=ImageConditionStream(self.vae, to_model_range(rgb), p, chunk),
-                camera=CameraTrack.for_preset(p, motion),
-                denoise=DenoiseSession(self.dit, p, text, seed, chunk),
+                condition=ImageConditionStream(self.vae, rgb, p, chunk),
+                control=self.family.control_track(p),
+                denoise=self.family.open_denoise(self.dit, p, context, seed, chunk),
                 decode=DecodeSession(self.vae),
                 cpu_threads=self.cpu_threads,
             )

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from workers.models.checkpoint_files import detect_layout
-from workers.models.components import meta_components, verify_checkpoint
+from workers.models.family import family_for
 from workers.models.loading import KeyReport, state_shapes
 from workers.models.presets import PRESETS, get_preset
 
@@ -23,13 +23,14 @@ from workers.models.presets import PRESETS, get_preset
 def describe(name: str) -> dict[str, object]:
     preset = get_preset(name)
     components = {}
-    for component, module in meta_components(preset).items():
+    for component, module in family_for(preset).meta_components(preset).items():
         components[component] = {
             "params": sum(p.numel() for p in module.parameters()),
             "state_dict": {k: list(v) for k, v in state_shapes(module).items()},
         }
     return {
         "preset": preset.name,
+        "family": preset.family.value,
         "weights": preset.weights_note,
         "resolution": [preset.width_px, preset.height_px],
         "chunk_latent_frames": preset.chunk_latent_frames,
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             print(json.dumps(info, indent=1))
         else:
-            print(f"{info['preset']} ({info['weights']})")
+            print(f"{info['preset']}, {info['family']} ({info['weights']})")
             for component, count in info["params"].items():  # type: ignore[attr-defined]
                 print(f"  {component:>4}: {_human(count)} parameters ({count:,})")
         return 0
@@ -77,8 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.checkpoint.is_dir():
         print(f"error: {args.checkpoint} is not a directory", file=sys.stderr)
         return 1
-    print(f"layout: {detect_layout(args.checkpoint).describe()}")
-    results = verify_checkpoint(get_preset(args.preset), args.checkpoint)
+    preset = get_preset(args.preset)
+    if preset.matrix_game is None:  # the Matrix-Game release has one layout
+        print(f"layout: {detect_layout(args.checkpoint).describe()}")
+    results = family_for(preset).verify(preset, args.checkpoint)
     ok = True
     for component, result in results.items():
         if isinstance(result, KeyReport) and result.ok:

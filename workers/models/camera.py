@@ -193,7 +193,7 @@ class CameraTrack:
             translation_scale=preset.translation_scale,
         )
 
-    def next_poses(self, control: ChunkControl, num_latent_frames: int) -> torch.Tensor:
+    def next_inputs(self, control: ChunkControl, num_latent_frames: int) -> torch.Tensor:
         """Controls for the next chunk -> the DiT's relative poses [F, 4, 4] (float64, host)."""
         poses, self.state = integrate_chunk(self.state, control, num_latent_frames, self.last_pose is None, self.motion)
         rel = relative_chunk_poses(poses, self.last_pose, self.translation_scale)
@@ -202,7 +202,7 @@ class CameraTrack:
 
     def next_chunk(self, control: ChunkControl, num_latent_frames: int) -> torch.Tensor:
         """Controls for the next chunk -> Plücker cells [384, F, h, w] (float32, host)."""
-        rel = self.next_poses(control, num_latent_frames)
+        rel = self.next_inputs(control, num_latent_frames)
         return plucker_cells(plucker_rays(rel, self.intrinsics, self.height_px, self.width_px), self.cell_px)
 
     def reset_pose(self) -> None:

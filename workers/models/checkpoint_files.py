@@ -5,8 +5,9 @@ check a server would start building full-size random weights in every worker, ru
 memory, and only then fail on the missing tokenizer. Checking the names takes milliseconds, and
 this module imports no torch, so a command line can check before it loads anything heavy.
 
-Two layouts are accepted; a directory holding `model_index.json` is in the diffusers layout,
-any other in the released one.
+Two layouts are accepted for LingBot-World; a directory holding `model_index.json` is in the
+diffusers layout, any other in the released one. A Matrix-Game preset reads the Matrix-Game 2.0
+release directory (workers/models/matrix_game/variants.py lists its files).
 
 Released layout:
     <dir>/transformers/model-0000k-of-0000n.safetensors + model.safetensors.index.json   (DiT)
@@ -33,6 +34,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.models.matrix_game.variants import CLIP_FILE
 from workers.models.presets import ModelPreset
 
 DIT_SUBDIR = "transformers"
@@ -127,8 +129,16 @@ def needs_checkpoint(preset: ModelPreset) -> bool:
     return preset.bundled_weights is None and "random-weights" not in preset.tags
 
 
+def matrix_game_files(preset: ModelPreset) -> tuple[str, ...]:
+    """A Matrix-Game preset's files, relative to the release directory (matrix_game/variants.py)."""
+    assert preset.matrix_game is not None
+    return (preset.matrix_game.dit_file, VAE_FILE, CLIP_FILE)
+
+
 def missing_files(preset: ModelPreset, checkpoint_dir: Path) -> list[str]:
     """Paths (relative to the directory) that a load of `preset` would need and cannot find."""
+    if preset.matrix_game is not None:
+        return [name for name in matrix_game_files(preset) if not (checkpoint_dir / name).is_file()]
     if detect_layout(checkpoint_dir) is Layout.DIFFUSERS:
         return _missing_diffusers_files(preset, checkpoint_dir)
     missing = []
@@ -147,7 +157,7 @@ def missing_files(preset: ModelPreset, checkpoint_dir: Path) -> list[str]:
         if not (checkpoint_dir / pth).is_file() and not (checkpoint_dir / st).is_file():
             missing.append(pth)
     tokenizer = f"{TOKENIZER_DIR}/{TOKENIZER_FILE}"
-    if preset.t5.tokenizer == "umt5" and not (checkpoint_dir / tokenizer).is_file():
+    if preset.t5 is not None and preset.t5.tokenizer == "umt5" and not (checkpoint_dir / tokenizer).is_file():
         missing.append(tokenizer)
     return missing
 
@@ -168,7 +178,7 @@ def _missing_diffusers_files(preset: ModelPreset, checkpoint_dir: Path) -> list[
         elif not (folder / component.single).is_file():
             missing.append(f"{component.folder}/{component.single} (or {component.index} and its shards)")
     tokenizer = f"{DIFFUSERS_TOKENIZER_DIR}/{TOKENIZER_FILE}"
-    if preset.t5.tokenizer == "umt5" and not (checkpoint_dir / tokenizer).is_file():
+    if preset.t5 is not None and preset.t5.tokenizer == "umt5" and not (checkpoint_dir / tokenizer).is_file():
         missing.append(tokenizer)
     return missing
 
@@ -176,6 +186,11 @@ def _missing_diffusers_files(preset: ModelPreset, checkpoint_dir: Path) -> list[
 def require_checkpoint(preset: ModelPreset, checkpoint_dir: str | Path | None) -> None:
     """Raise CheckpointMissing, naming --checkpoint-dir and every missing file, if a load would fail."""
     if checkpoint_dir is None:
+        if needs_checkpoint(preset) and preset.matrix_game is not None:
+            raise CheckpointMissing(
+                f"{preset.name} runs on its released weights: pass --checkpoint-dir DIR, the Matrix-Game 2.0 "
+                f"release directory (Skywork/Matrix-Game-2.0), holding {', '.join(matrix_game_files(preset))}"
+            )
         if needs_checkpoint(preset):
             raise CheckpointMissing(
                 f"{preset.name} runs on its released weights: pass --checkpoint-dir DIR, a directory holding "

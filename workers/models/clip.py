@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -51,58 +50,12 @@ from torch import nn
 
 from workers.models.attention import AttendFn, attention_fn
 from workers.models.attention_backend import AttentionBackend
+from workers.models.configs import VIT_H_14, CLIPVisionConfig
 from workers.models.dit import LayerNorm, weight_dtype_linear
 
 RELEASE_PREFIX = "visual."  # the tower's weights in the released two-tower file
 TEXT_PREFIX = "textual."  # the XLM-RoBERTa text tower, unused
 SCALE_KEY = "log_scale"  # the contrastive logit scale, unused
-
-
-@dataclass(frozen=True)
-class CLIPVisionConfig:
-    """ViT-H/14's visual tower as released (`clip_xlm_roberta_vit_h_14`: `vision_*` settings). The
-    structure the module docstring lists (class token, pre-norm, no patch bias, exact GELU, fused
-    q/k/v) is fixed; these are its sizes, and how deep the taken output lies."""
-
-    image_size: int = 224
-    patch_size: int = 14
-    dim: int = 1280
-    num_heads: int = 16
-    mlp_ratio: int = 4
-    num_layers: int = 32  # blocks in the released tower, all of them stored
-    output_layer: int = 31  # blocks run; the last one's output is the result (`use_31_block`)
-    embed_dim: int = 1024  # width of the pooled projection `visual.head`, stored but unused
-    norm_eps: float = 1e-5
-    # OpenAI CLIP's normalisation, which the release applies (`_clip`: any non-SigLIP name).
-    mean: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
-    std: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
-
-    def __post_init__(self) -> None:
-        if self.image_size % self.patch_size:
-            raise ValueError(f"image_size {self.image_size} must be a multiple of patch_size {self.patch_size}")
-        if self.dim % self.num_heads:
-            raise ValueError(f"dim {self.dim} must be a multiple of num_heads {self.num_heads}")
-        if not 1 <= self.output_layer <= self.num_layers:
-            raise ValueError(f"output_layer {self.output_layer} must lie in 1..{self.num_layers}")
-
-    @property
-    def grid(self) -> int:
-        return self.image_size // self.patch_size
-
-    @property
-    def num_tokens(self) -> int:
-        return self.grid * self.grid + 1  # the class token first
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.num_heads
-
-    @property
-    def mlp_dim(self) -> int:
-        return self.dim * self.mlp_ratio
-
-
-VIT_H_14 = CLIPVisionConfig()
 
 
 def preprocess(image: torch.Tensor, config: CLIPVisionConfig = VIT_H_14) -> torch.Tensor:

@@ -1,11 +1,12 @@
-"""The three model components of a preset (DiT, VAE, umT5), built and loaded for one device.
+"""The LingBot-World family's three components (DiT, VAE, umT5), built and loaded for one device; the
+VAE loader and the precision policy serve every family.
 
 Without a checkpoint directory, a preset's bundled weights load if it has them; otherwise the
 components get seeded random weights (the test fixtures' `tiny`).
 
-Precision policy: on CUDA the DiT runs in bf16, the VAE in fp32 and umT5 in bf16 (as released);
-on CPU everything is fp32, since CPU bf16 matmuls are slow and lose accuracy for no memory win
-that matters at CPU model sizes.
+Precision policy: on CUDA the DiT runs in bf16, the VAE in fp32 and the context encoder (umT5, CLIP)
+in bf16 (as released); on CPU everything is fp32, since CPU bf16 matmuls are slow and lose accuracy
+for no memory win that matters at CPU model sizes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch.nn as nn
 from workers.models import loading
 from workers.models.checkpoint_files import tokenizer_path
 from workers.models.dit import WanDiT
-from workers.models.presets import ModelPreset
+from workers.models.presets import ModelPreset, T5Config
 from workers.models.random_init import init_random_weights
 from workers.models.t5 import TextEncoder, UMT5Encoder
 from workers.models.tokenizer import load_tokenizer
@@ -31,13 +32,19 @@ from workers.models.vae import WanVAE
 class Precision:
     dit: torch.dtype
     vae: torch.dtype
-    t5: torch.dtype
+    context: torch.dtype  # the context encoder: umT5, or Matrix-Game's CLIP tower
 
     @staticmethod
     def for_device(device: torch.device) -> Precision:
         if device.type == "cuda":
-            return Precision(dit=torch.bfloat16, vae=torch.float32, t5=torch.bfloat16)
-        return Precision(dit=torch.float32, vae=torch.float32, t5=torch.float32)
+            return Precision(dit=torch.bfloat16, vae=torch.float32, context=torch.bfloat16)
+        return Precision(dit=torch.float32, vae=torch.float32, context=torch.float32)
+
+
+def text_config(preset: ModelPreset) -> T5Config:
+    if preset.t5 is None:
+        raise ValueError(f"{preset.name} takes no text: its family has no text encoder")
+    return preset.t5
 
 
 def meta_components(preset: ModelPreset) -> dict[str, nn.Module]:
@@ -45,11 +52,11 @@ def meta_components(preset: ModelPreset) -> dict[str, nn.Module]:
     return {
         "dit": loading.build_on_meta(lambda: WanDiT(preset.dit)),
         "vae": loading.build_on_meta(lambda: WanVAE(preset.vae)),
-        "t5": loading.build_on_meta(lambda: UMT5Encoder(preset.t5)),
+        "t5": loading.build_on_meta(lambda: UMT5Encoder(text_config(preset))),
     }
 
 
-def _materialize(
+def materialize(
     component: str,
     factory: Callable[[], nn.Module],
     dtype: torch.dtype,
@@ -66,8 +73,9 @@ def _materialize(
     return model.eval().requires_grad_(False)
 
 
-# Random weights are seeded per component from one weights seed s: DiT s, VAE s + 1, umT5 s + 2.
-SEED_OFFSETS = {"dit": 0, "vae": 1, "t5": 2}
+# Random weights are seeded per component from one weights seed s: DiT s, VAE s + 1, the context
+# encoder (umT5 or CLIP) s + 2.
+SEED_OFFSETS = {"dit": 0, "vae": 1, "context": 2}
 
 
 def load_dit(
@@ -82,7 +90,7 @@ def load_dit(
     source = None if checkpoint_dir is None else loading.dit_source(checkpoint_dir)
     dtype = Precision.for_device(device).dit if dtype is None else dtype
     seed = weights_seed + SEED_OFFSETS["dit"]
-    return _materialize("DiT", lambda: WanDiT(preset.dit), dtype, device, source, seed)  # type: ignore[return-value]
+    return materialize("DiT", lambda: WanDiT(preset.dit), dtype, device, source, seed)  # type: ignore[return-value]
 
 
 def load_vae(preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, weights_seed: int = 0) -> WanVAE:
@@ -90,7 +98,7 @@ def load_vae(preset: ModelPreset, device: torch.device, checkpoint_dir: Path | N
     source = None if checkpoint_dir is None else loading.vae_source(checkpoint_dir, preset.vae)
     dtype = Precision.for_device(device).vae
     seed = weights_seed + SEED_OFFSETS["vae"]
-    return _materialize("VAE", lambda: WanVAE(preset.vae), dtype, device, source, seed)  # type: ignore[return-value]
+    return materialize("VAE", lambda: WanVAE(preset.vae), dtype, device, source, seed)  # type: ignore[return-value]
 
 
 def load_text_encoder(
@@ -98,10 +106,10 @@ def load_text_encoder(
 ) -> TextEncoder:
     checkpoint_dir = loading.checkpoint_dir_for(preset, checkpoint_dir)
     source = None if checkpoint_dir is None else loading.text_encoder_source(checkpoint_dir)
-    dtype = Precision.for_device(device).t5
-    seed = weights_seed + SEED_OFFSETS["t5"]
-    model = _materialize("umT5", lambda: UMT5Encoder(preset.t5), dtype, device, source, seed)
-    return TextEncoder(model, load_tokenizer(preset.t5, checkpoint_dir))  # type: ignore[arg-type]
+    dtype = Precision.for_device(device).context
+    seed = weights_seed + SEED_OFFSETS["context"]
+    model = materialize("umT5", lambda: UMT5Encoder(text_config(preset)), dtype, device, source, seed)
+    return TextEncoder(model, load_tokenizer(text_config(preset), checkpoint_dir))  # type: ignore[arg-type]
 
 
 def verify_checkpoint(preset: ModelPreset, checkpoint_dir: Path) -> dict[str, loading.KeyReport | str]:
@@ -124,6 +132,6 @@ def verify_checkpoint(preset: ModelPreset, checkpoint_dir: Path) -> dict[str, lo
         except (OSError, ValueError, RuntimeError) as exc:  # missing, corrupt or truncated files
             results[name] = str(exc)
     tok = tokenizer_path(checkpoint_dir)
-    if preset.t5.tokenizer == "umt5" and not tok.is_file():
+    if text_config(preset).tokenizer == "umt5" and not tok.is_file():
         results["tokenizer"] = f"missing {tok}"
     return results

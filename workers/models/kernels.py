@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn as nn
 
 from workers.models.attention import attention_fn, check_backend, resolve
 from workers.models.attention_backend import AttentionBackend
@@ -64,13 +65,21 @@ def apply_to_process(config: KernelConfig, device: torch.device) -> None:
         enable_deterministic()
 
 
-def apply_to_dit(dit: WanDiT, config: KernelConfig, device: torch.device) -> WanDiT:
-    """Point every attention at the chosen kernel and, with `compile`, compile the block halves."""
+def apply_attention(model: nn.Module, config: KernelConfig, device: torch.device) -> nn.Module:
+    """Point every attention in `model` (self, cross and, in Matrix-Game's action modules, action
+    attention: each holds its kernel as an `attention` attribute) at the chosen kernel."""
     attend = attention_fn(resolve(config.attention, device))
-    for block in dit.block_list:
-        block.self_attn.attention = attend
-        block.cross_attn.attention = attend
-        if config.compile:
+    for module in model.modules():
+        if "attention" in vars(module):
+            module.attention = attend
+    return model
+
+
+def apply_to_dit(dit: WanDiT, config: KernelConfig, device: torch.device) -> WanDiT:
+    """The attention kernel and, with `compile`, the LingBot-World DiT's block halves compiled."""
+    apply_attention(dit, config, device)
+    if config.compile:
+        for block in dit.block_list:
             # dynamic=False: chunk shapes are fixed per preset, and static shapes fuse best.
             block.before_attention = torch.compile(block.modulated_qkv, dynamic=False)  # type: ignore[method-assign]
             block.after_attention = torch.compile(block.residual_rest, dynamic=False)  # type: ignore[method-assign]

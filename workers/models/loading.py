@@ -359,9 +359,11 @@ class RenamedSource:
 
 @dataclass(frozen=True)
 class PthSource:
-    """A `.pth` state dict (the released VAE and umT5 files)."""
+    """A `.pth` state dict (the released VAE, umT5 and CLIP files). `rename` maps a stored name to the
+    module's, None for a tensor the module does not hold (never read); without it names are kept."""
 
     path: Path
+    rename: Callable[[str], str | None] | None = None
 
     def _open(self) -> dict[str, torch.Tensor]:
         if not self.path.is_file():
@@ -372,13 +374,21 @@ class PthSource:
             raise CheckpointError(f"{self.path} does not hold a state dict")
         return state
 
+    def _native(self, key: str) -> str | None:
+        return key if self.rename is None else self.rename(key)
+
     def shapes(self) -> dict[str, tuple[int, ...]]:
-        return {k: tuple(v.shape) for k, v in self._open().items()}
+        named = ((self._native(k), v) for k, v in self._open().items())
+        return {name: tuple(v.shape) for name, v in named if name is not None}
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         state = self._open()
         for key in list(state):
-            yield key, state.pop(key)
+            name = self._native(key)
+            if name is None:
+                del state[key]
+            else:
+                yield name, state.pop(key)  # no reference kept here while the loader holds it
 
 
 def dit_shards(checkpoint_dir: Path) -> list[Path]:

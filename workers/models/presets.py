@@ -1,163 +1,35 @@
 """Model presets as data: the shapes of every component, frozen and validated once.
 
-A preset names a DiT, a VAE and a text encoder configuration. The production presets mirror the
-public LingBot-World v2 checkpoints (Wan2.2-I2V-A14B base with camera layers). `gridworld`, the
+A preset names its family (workers/models/family.py), a DiT, a VAE and the context encoder's
+configuration. The LingBot-World presets mirror the public LingBot-World v2 checkpoints
+(Wan2.2-I2V-A14B base with camera layers); the Matrix-Game ones the three released Matrix-Game 2.0
+distillations (Wan-1.3B trunk with keyboard and mouse action modules, CLIP image context). `gridworld`, the
 default, uses the same classes with small widths and ships weights trained here on a procedural
-town, so the whole stack runs on a CPU; `tiny`, smaller and with random weights, is a test
-fixture and says so through `weights_note`.
+town, so the whole stack runs on a CPU; `tiny` and `matrix-game-2-tiny`, smaller and with random
+weights, are test fixtures and say so through `weights_note`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from workers.controls import CAMERA_VOCABULARY, ControlVocabulary
-
-
-class ScheduleKind(StrEnum):
-    """Which 1000-row flow table a preset's sampling steps index (workers/models/sampler.py)."""
-
-    UNIPC = "unipc"  # LingBot-World v2: sigmas 0.999…0 shifted, integer timesteps
-    SELF_FORCING = "self_forcing"  # Self-Forcing distillations (Matrix-Game 2.0): sigmas 1…0 shifted, float timesteps
-
-
-class SigmaRule(StrEnum):
-    """Which σ a sampling step uses (workers/models/sampler.py says how they differ)."""
-
-    TABLE_ROW = "table_row"  # σ of the sampled table row, for x0 and re-noising alike
-    BY_TIMESTEP = "by_timestep"  # σ looked up by integer timestep, as the released scheduler does
-
-
-@dataclass(frozen=True)
-class DiTConfig:
-    dim: int
-    ffn_dim: int
-    num_layers: int
-    num_heads: int
-    in_dim: int = 36  # noise 16 + mask 4 + image-condition latent 16
-    out_dim: int = 16
-    freq_dim: int = 256
-    text_dim: int = 4096
-    text_len: int = 512
-    patch_size: tuple[int, int, int] = (1, 2, 2)
-    eps: float = 1e-6
-    cross_attn_norm: bool = True
-    camera_channels: int = 6  # Plücker [origin(3), direction(3)]
-    camera_cell_pixels: int = 8  # pixels per latent cell along each axis (the VAE's spatial stride)
-    local_attn_size_frames: int = 18  # rolling self-attention window in latent frames; -1 = global
-    sink_size_frames: int = 6  # first frames of a session that are never evicted
-
-    def __post_init__(self) -> None:
-        if self.dim % self.num_heads:
-            raise ValueError(f"dim {self.dim} must be divisible by num_heads {self.num_heads}")
-        head_dim = self.dim // self.num_heads
-        if head_dim % 2 or head_dim < 6:
-            raise ValueError(f"head dim {head_dim} must be even and at least 6 for 3D RoPE")
-        if self.local_attn_size_frames != -1 and self.sink_size_frames >= self.local_attn_size_frames:
-            raise ValueError(
-                f"sink_size_frames ({self.sink_size_frames}) must be smaller than "
-                f"local_attn_size_frames ({self.local_attn_size_frames})"
-            )
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.num_heads
-
-    @property
-    def camera_in_features(self) -> int:
-        """Plücker channels regrouped per latent cell, then per 1×2×2 patch: 6·64·4 = 1536."""
-        pt, ph, pw = self.patch_size
-        return self.camera_channels * self.camera_cell_pixels**2 * pt * ph * pw
-
-
-@dataclass(frozen=True)
-class VAEConfig:
-    base_dim: int = 96
-    z_dim: int = 16
-    dim_mult: tuple[int, ...] = (1, 2, 4, 4)
-    num_res_blocks: int = 2
-    temporal_downsample: tuple[bool, ...] = (False, True, True)
-    # Per-channel latent statistics: latents are stored as (mu - mean) / std.
-    latent_mean: tuple[float, ...] = (
-        -0.7571,
-        -0.7089,
-        -0.9113,
-        0.1075,
-        -0.1745,
-        0.9653,
-        -0.1517,
-        1.5508,
-        0.4134,
-        -0.0715,
-        0.5517,
-        -0.3632,
-        -0.1922,
-        -0.9497,
-        0.2503,
-        -0.2921,
-    )
-    latent_std: tuple[float, ...] = (
-        2.8184,
-        1.4541,
-        2.3275,
-        2.6558,
-        1.2196,
-        1.7708,
-        2.6052,
-        2.0743,
-        3.2687,
-        2.1526,
-        2.8652,
-        1.5579,
-        1.6382,
-        1.1253,
-        2.8251,
-        1.9160,
-    )
-
-    def __post_init__(self) -> None:
-        if len(self.latent_mean) != self.z_dim or len(self.latent_std) != self.z_dim:
-            raise ValueError(f"latent_mean/latent_std need {self.z_dim} entries each")
-        if len(self.temporal_downsample) != len(self.dim_mult) - 1:
-            raise ValueError("temporal_downsample needs one entry per downsampling stage")
-
-    @property
-    def spatial_stride(self) -> int:
-        return 2 ** (len(self.dim_mult) - 1)
-
-    @property
-    def temporal_stride(self) -> int:
-        return 2 ** sum(self.temporal_downsample)
-
-
-@dataclass(frozen=True)
-class T5Config:
-    vocab_size: int = 256384
-    dim: int = 4096
-    dim_attn: int = 4096
-    dim_ffn: int = 10240
-    num_heads: int = 64
-    num_layers: int = 24
-    num_buckets: int = 32
-    text_len: int = 512
-    # "umt5" loads `google/umt5-xxl/tokenizer.json` from the checkpoint directory; "bytes" is a
-    # built-in UTF-8 byte tokenizer for small presets that ship no tokenizer file.
-    tokenizer: str = "umt5"
-
-    def __post_init__(self) -> None:
-        if self.dim_attn % self.num_heads:
-            raise ValueError(f"dim_attn {self.dim_attn} must be divisible by num_heads {self.num_heads}")
-        if self.tokenizer not in ("umt5", "bytes"):
-            raise ValueError(f"tokenizer must be 'umt5' or 'bytes', got {self.tokenizer!r}")
+from workers.models.configs import DiTConfig, Family, ScheduleKind, SigmaRule, T5Config, VAEConfig
+from workers.models.matrix_game.variants import (
+    GTA_VARIANT,
+    TEMPLERUN_VARIANT,
+    TINY_VARIANT,
+    UNIVERSAL_VARIANT,
+    MatrixGameVariant,
+)
 
 
 @dataclass(frozen=True)
 class ModelPreset:
     name: str
-    dit: DiTConfig
+    dit: DiTConfig  # the Wan causal trunk (a Matrix-Game variant's `model.trunk`)
     vae: VAEConfig
-    t5: T5Config
+    t5: T5Config | None  # the prompt's encoder; None: the family takes no text (Matrix-Game)
     height_px: int
     width_px: int
     chunk_latent_frames: int = 4
@@ -180,17 +52,30 @@ class ModelPreset:
     # Weights that ship inside the package (a directory under workers/models/weights/), loaded when
     # no checkpoint directory is given; None: random weights unless a checkpoint is passed.
     bundled_weights: str | None = None
+    # A Matrix-Game preset's variant (action DiT, key mapping, CLIP tower, released files); None for
+    # the LingBot-World family. It decides `family`.
+    matrix_game: MatrixGameVariant | None = None
 
     def __post_init__(self) -> None:
         cell = self.vae.spatial_stride * self.dit.patch_size[1]
         if self.height_px % cell or self.width_px % cell:
             raise ValueError(f"{self.name}: resolution {self.width_px}x{self.height_px} must be a multiple of {cell}")
-        if self.dit.text_dim != self.t5.dim:
-            raise ValueError(f"{self.name}: DiT text_dim {self.dit.text_dim} != T5 dim {self.t5.dim}")
-        if self.dit.text_len != self.t5.text_len:
-            raise ValueError(f"{self.name}: DiT text_len {self.dit.text_len} != T5 text_len {self.t5.text_len}")
-        if self.dit.camera_cell_pixels != self.vae.spatial_stride:
-            raise ValueError(f"{self.name}: camera cell must equal the VAE spatial stride")
+        if self.matrix_game is not None:
+            if self.t5 is not None:
+                raise ValueError(f"{self.name}: Matrix-Game takes no text encoder")
+            if self.dit != self.matrix_game.model.trunk:
+                raise ValueError(f"{self.name}: dit must be the variant's trunk (matrix_game.model.trunk)")
+            if self.controls != self.matrix_game.mapping.vocabulary:
+                raise ValueError(f"{self.name}: controls must be the variant mapping's vocabulary")
+        else:
+            if self.t5 is None:
+                raise ValueError(f"{self.name}: the LingBot-World family needs a text encoder (t5)")
+            if self.dit.text_dim != self.t5.dim:
+                raise ValueError(f"{self.name}: DiT text_dim {self.dit.text_dim} != T5 dim {self.t5.dim}")
+            if self.dit.text_len != self.t5.text_len:
+                raise ValueError(f"{self.name}: DiT text_len {self.dit.text_len} != T5 text_len {self.t5.text_len}")
+            if self.dit.camera_cell_pixels != self.vae.spatial_stride:
+                raise ValueError(f"{self.name}: camera cell must equal the VAE spatial stride")
         if self.dit.in_dim != 2 * self.vae.z_dim + self.vae.temporal_stride:
             raise ValueError(f"{self.name}: DiT in_dim must be 2·z_dim + mask channels")
         if self.chunk_latent_frames < 1:
@@ -198,6 +83,10 @@ class ModelPreset:
         local = self.dit.local_attn_size_frames
         if local != -1 and local <= self.chunk_latent_frames + self.dit.sink_size_frames:
             raise ValueError(f"{self.name}: local_attn_size_frames ({local}) must exceed chunk + sink frames")
+
+    @property
+    def family(self) -> Family:
+        return Family.LINGBOT_WORLD if self.matrix_game is None else Family.MATRIX_GAME
 
     @property
     def latent_height(self) -> int:
@@ -296,9 +185,66 @@ GRIDWORLD = ModelPreset(
     bundled_weights="gridworld",
 )
 
+
+def _matrix_game(name: str, variant: MatrixGameVariant, steps: tuple[int, ...], **kw: object) -> ModelPreset:
+    """A Matrix-Game 2.0 preset: 352 × 640 at 25 FPS, 3-latent-frame chunks (9 video frames first,
+    then 12 = 0.48 s), the window of its variant and no sink; Self-Forcing sampling at shift 5 on the
+    release's steps, written as t in 1000…0 (row 1000 − t of the table, workers/models/sampler.py)."""
+    model = variant.model
+    fields: dict[str, object] = {
+        "vae": VAEConfig(),
+        "height_px": 352,
+        "width_px": 640,
+        "weights_note": "released Matrix-Game 2.0 weights (load with --checkpoint)",
+        "tags": ("gpu",),
+    } | kw
+    return ModelPreset(
+        name=name,
+        dit=model.trunk,
+        t5=None,
+        chunk_latent_frames=model.chunk_frames,
+        fps=25,
+        schedule_kind=ScheduleKind.SELF_FORCING,
+        sample_shift=5.0,
+        timestep_indices=tuple(1000 - t for t in steps),
+        sigma_rule=SigmaRule.TABLE_ROW,  # every Self-Forcing timestep is distinct: the row is the released σ
+        controls=variant.mapping.vocabulary,
+        matrix_game=variant,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+MATRIX_GAME_UNIVERSAL = _matrix_game("matrix-game-2-universal", UNIVERSAL_VARIANT, (1000, 666, 333))
+MATRIX_GAME_GTA = _matrix_game("matrix-game-2-gta", GTA_VARIANT, (1000, 666, 333))
+MATRIX_GAME_TEMPLERUN = _matrix_game("matrix-game-2-templerun", TEMPLERUN_VARIANT, (1000, 750, 500, 250))
+# The fixture: Matrix-Game's structure with random weights and a small VAE at a quarter of the
+# release's area (176 × 320), so the whole stack runs through the real server on a CPU in tests.
+MATRIX_GAME_TINY = _matrix_game(
+    "matrix-game-2-tiny",
+    TINY_VARIANT,
+    (1000, 666, 333),
+    vae=VAEConfig(base_dim=8),
+    height_px=176,
+    width_px=320,
+    weights_note="random weights (seeded): the output is not a trained world",
+    tags=("cpu", "random-weights"),
+)
+
 DEFAULT_PRESET = GRIDWORLD.name
 
-PRESETS: dict[str, ModelPreset] = {p.name: p for p in (LINGBOT_14B, LINGBOT_1_3B, GRIDWORLD, TINY)}
+PRESETS: dict[str, ModelPreset] = {
+    p.name: p
+    for p in (
+        LINGBOT_14B,
+        LINGBOT_1_3B,
+        GRIDWORLD,
+        TINY,
+        MATRIX_GAME_UNIVERSAL,
+        MATRIX_GAME_GTA,
+        MATRIX_GAME_TEMPLERUN,
+        MATRIX_GAME_TINY,
+    )
+}
 
 
 def get_preset(name: str) -> ModelPreset:

@@ -120,12 +120,19 @@ class StageHandler:
         return FramesReady(stage, rank, msg.session_id, msg.epoch, msg.chunk_index, offset, last, output)
 
     def chunk_done(
-        self, msg: Any, busy_s: float, output: TensorRef | None, inputs: tuple[TensorRef, ...] = ()
+        self,
+        msg: Any,
+        busy_s: float,
+        output: TensorRef | None,
+        inputs: tuple[TensorRef, ...] = (),
+        model_input: dict[str, Any] | None = None,
     ) -> ChunkDone:
         """The reply to a chunk command, acking the inputs it read in place."""
         stage, rank = self.spec.stage, self.spec.rank
         acks = self.done_with(*inputs)
-        return ChunkDone(stage, rank, msg.session_id, msg.epoch, msg.chunk_index, busy_s, output=output, acks=acks)
+        return ChunkDone(
+            stage, rank, msg.session_id, msg.epoch, msg.chunk_index, busy_s, output, acks, model_input=model_input
+        )
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":

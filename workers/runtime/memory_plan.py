@@ -29,13 +29,14 @@ import torch
 from workers.chunk_geometry import video_frames
 from workers.models.attention_backend import AttentionBackend
 from workers.models.components import Precision
+from workers.models.family import family_for
 from workers.models.kernels import DEFAULT_KERNELS, KernelConfig
 from workers.models.presets import ModelPreset
 from workers.runtime.handler import StageHandler
 from workers.runtime.messages import Stage
 from workers.runtime.placement import PLACEMENTS, Placement, PlacementError
 from workers.runtime.spec import WorkerSpec
-from workers.stages.footprint import dit_footprint, text_encoder_footprint, vae_footprints
+from workers.stages.footprint import context_encoder_footprint, dit_footprint, vae_footprints
 
 MIB = 2**20
 GIB = 2**30
@@ -174,15 +175,17 @@ def plan_memory(
     stage_devices = {s: [str(d) for d in placement.stage_devices(s.value)] for s in Stage}
     workers: list[WorkerPlan] = []
 
-    # Encode: the VAE and umT5; per session the encoder caches plus the condition stream's snapshot
-    # of them and its last condition (how it detects its fixed point, workers/stages/condition.py).
+    # Encode: the VAE and the context encoder (umT5 or CLIP); per session the encoder caches plus the
+    # condition stream's snapshot of them and its last condition (how it detects its fixed point,
+    # workers/stages/condition.py).
     dev = stage_devices[Stage.ENCODE][0]
     prec = Precision.for_device(torch.device(dev))
     enc, _ = vae_footprints(preset, prec.vae)
-    t5 = text_encoder_footprint(preset, prec.t5)
-    text_bytes = _nbytes((preset.t5.text_len, preset.t5.dim), prec.t5)
-    slot_bytes = slots * (cond_bytes + text_bytes)
-    encode_slots = Line(f"output slots: {slots} conditions + {slots} prompts", slot_bytes, dev == HOST)
+    family = family_for(preset)
+    ctx = context_encoder_footprint(preset, prec.context)
+    context_bytes = _nbytes(family.context_shape(preset), prec.context)
+    slot_bytes = slots * (cond_bytes + context_bytes)
+    encode_slots = Line(f"output slots: {slots} conditions + {slots} contexts", slot_bytes, dev == HOST)
     workers.append(
         WorkerPlan(
             "encode0",
@@ -191,9 +194,9 @@ def plan_memory(
             (
                 *_runtime(Stage.ENCODE, dev),
                 Line(f"VAE weights ({_dtype_name(prec.vae)})", enc.weights_bytes),
-                Line(f"umT5 weights ({_dtype_name(prec.t5)})", t5.weights_bytes),
+                Line(f"{family.context_name} weights ({_dtype_name(prec.context)})", ctx.weights_bytes),
                 Line(f"VAE encoder caches, snapshot, condition × {n}", n * (2 * enc.session_bytes + cond_bytes)),
-                Line("activations (one chunk, or one prompt)", max(enc.peak_bytes, t5.peak_bytes)),
+                Line("activations (one chunk, or one context)", max(enc.peak_bytes, ctx.peak_bytes)),
                 encode_slots,
             ),
         )
@@ -209,7 +212,7 @@ def plan_memory(
             *_runtime(Stage.DIT, dev),
             Line(f"DiT weights ({_dtype_name(prec.dit)})", dit.weights_bytes),
             Line(f"KV cache{share} × {n}", n * dit.kv_cache_bytes // ranks),
-            Line(f"text K/V, RoPE tables, ray directions × {n}", n * (dit.session_bytes - dit.kv_cache_bytes)),
+            Line(f"context K/V, RoPE tables, ray directions × {n}", n * (dit.session_bytes - dit.kv_cache_bytes)),
             Line(f"activations (one chunk){share}", dit.peak_bytes // ranks),
         ]
         if dev == HOST:  # reads the encode stage's slots from shared memory

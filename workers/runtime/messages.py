@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 
@@ -41,7 +42,7 @@ class OpenSession:
     seed: int = 0
     image: np.ndarray | None = None  # encode: HxWx3 uint8, already fitted to the model resolution
     prompt: str = ""  # encode
-    text: TensorRef | None = None  # dit: prompt embeddings from the encode stage
+    context: TensorRef | None = None  # dit: the session's context (prompt embeddings, CLIP tokens) from encode
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ class SessionOpened:
     rank: int
     session_id: str
     epoch: int
-    text: TensorRef | None = None  # encode: prompt embeddings for the DiT
+    context: TensorRef | None = None  # encode: the session's context for the DiT
     acks: tuple[Ack, ...] = ()
 
 
@@ -128,6 +129,8 @@ class ChunkDone:
     busy_s: float  # compute time inside the worker (device-synchronised)
     output: TensorRef | None = None
     acks: tuple[Ack, ...] = ()  # inputs this rank has finished reading
+    # DiT rank 0: the chunk's control input as the model consumed it (ModelFamily.describe_inputs).
+    model_input: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

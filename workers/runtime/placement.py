@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from workers.determinism import DEFAULT_CPU_THREADS
+from workers.models.family import family_for
 from workers.models.presets import ModelPreset
 
 
@@ -59,6 +60,12 @@ class Placement:
         """Raise PlacementError naming what to change if `preset` cannot run on this placement."""
         cfg = preset.dit
         sp = len(self.dit)
+        most = family_for(preset).max_dit_ranks
+        if most is not None and sp > most:
+            raise PlacementError(
+                f"placement {self.name!r}: {preset.name} runs its DiT on at most {most} rank(s), this placement "
+                f"gives it {sp}; use one with a single DiT rank ('1gpu', or 'cpu')"
+            )
         if cfg.num_heads % sp:
             raise PlacementError(
                 f"placement {self.name!r}: {cfg.num_heads} attention heads are not divisible by the DiT's "

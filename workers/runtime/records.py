@@ -7,6 +7,7 @@ as the decode stage hands them on; consumers that want whole chunks gather them 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +35,7 @@ class ChunkRecord:
     index: int
     stages: dict[Stage, StageTiming] = field(default_factory=lambda: {s: StageTiming() for s in STAGES})
     control: ChunkControl | None = None  # sampled when the DiT started the chunk
+    model_input: dict[str, Any] | None = None  # that control as the DiT consumed it (ModelFamily.describe_inputs)
     num_frames: int = 0  # handed on so far
     frames_ready_t: float | None = None  # the chunk's first frames handed on
 

@@ -246,8 +246,8 @@ def _inputs_of(cmd: Command) -> tuple[tuple[Stage, TensorRef], ...]:
         return ((Stage.ENCODE, cmd.cond),)
     if isinstance(cmd, DecodeChunk):
         return ((Stage.DIT, cmd.latents),)
-    if isinstance(cmd, OpenSession) and cmd.text is not None:
-        return ((Stage.ENCODE, cmd.text),)
+    if isinstance(cmd, OpenSession) and cmd.context is not None:
+        return ((Stage.ENCODE, cmd.context),)
     return ()
 
 
@@ -476,7 +476,7 @@ class Scheduler:
             self.counters["late_results_dropped"] += 1
             out = first.output if isinstance(first, ChunkDone) else None
             if isinstance(first, SessionOpened):
-                out = first.text
+                out = first.context
             if out is not None:
                 self._release_acks(stage, [Ack.of(out, "discarded")])
             self._release_unread(None, assignment, acks)
@@ -502,11 +502,11 @@ class Scheduler:
     def _on_opened(self, session: Session, stage: Stage, reply: SessionOpened) -> None:
         session.opened.add(stage)
         if stage is Stage.ENCODE:
-            assert reply.text is not None
-            session.ledger.track(reply.text)
+            assert reply.context is not None
+            session.ledger.track(reply.context)
             spec = session.spec
             self.lanes[Stage.DIT].queued.append(
-                OpenSession(spec.id, spec.epoch, spec.chunk_latent_frames, spec.seed, text=reply.text)
+                OpenSession(spec.id, spec.epoch, spec.chunk_latent_frames, spec.seed, context=reply.context)
             )
         if session.opened == set(STAGES) and session.state is SessionState.OPENING:
             session.state = SessionState.RUNNING
@@ -515,6 +515,8 @@ class Scheduler:
         rec = session.record(reply.chunk_index)
         tm = rec.stages[stage]
         tm.done_t, tm.busy_s = now, reply.busy_s
+        if reply.model_input is not None:
+            rec.model_input = reply.model_input
         self.lanes[stage].busy_s += reply.busy_s
         if stage is Stage.DECODE:  # its frames came ahead, as FramesReady parts
             last, session.last_part = session.last_part, None

@@ -15,6 +15,7 @@ import torch
 
 from workers.chunk_geometry import chunk_first_frame, latent_span_frames
 from workers.frame_stamp import stamp_frames
+from workers.models.family import family_for
 from workers.models.presets import get_preset
 from workers.parallel.group import StageGroup
 from workers.runtime.channel import Ack
@@ -55,14 +56,15 @@ class SyntheticHandler(StageHandler):
         stage, rank, p = self.spec.stage, self.spec.rank, self.preset
         if isinstance(msg, OpenSession):
             acks: tuple[Ack, ...] = ()
-            text = None
+            context = None
             if stage is Stage.ENCODE:
-                text = self.publish(torch.zeros(8, p.t5.dim))
-            elif msg.text is not None:
-                self.take(msg.text)
-                acks = self.done_with(msg.text)
+                # A stand-in context of the family's width: the DiT stage only passes it on.
+                context = self.publish(torch.zeros(8, family_for(p).context_shape(p)[1]))
+            elif msg.context is not None:
+                self.take(msg.context)
+                acks = self.done_with(msg.context)
             self.sessions[msg.session_id] = msg.chunk_latent_frames
-            yield SessionOpened(stage, rank, msg.session_id, msg.epoch, text=text, acks=acks)
+            yield SessionOpened(stage, rank, msg.session_id, msg.epoch, context=context, acks=acks)
             return
         if not isinstance(msg, EncodeChunk | DenoiseChunk | DecodeChunk):
             raise TypeError(f"synthetic stage cannot handle {type(msg).__name__}")

@@ -1,4 +1,5 @@
-"""Condition encode stage: start image -> per-chunk image condition; prompt -> text embeddings.
+"""Condition encode stage: start image -> per-chunk image condition (the session's context, prompt
+embeddings or CLIP tokens, comes from its family's encoder: workers/models/family.py).
 
 The image condition follows Wan image-to-video: the VAE encodes the start image followed by black
 frames, and a 4-channel mask marks latent frame 0 as given. Streaming, chunk 0 encodes the image
@@ -15,7 +16,6 @@ import torch
 
 from workers.chunk_geometry import video_frames
 from workers.models.presets import ModelPreset
-from workers.models.t5 import TextEncoder
 from workers.models.vae import VAEStreamState, WanVAE
 
 
@@ -79,8 +79,3 @@ class ImageConditionStream:
         self._last, self._last_cache = cond, snapshot
         self.chunk_index += 1
         return cond
-
-
-def encode_prompt(text_encoder: TextEncoder, prompt: str) -> list[torch.Tensor]:
-    """Prompt -> [n_tokens, text_dim] embeddings (the DiT pads to text_len itself)."""
-    return text_encoder.encode([prompt])

@@ -1,23 +1,30 @@
-"""DiT denoise stage: one session's chunk loop (few-step sampling, then a t = 0 commit forward).
+"""DiT denoise stage: one session's chunk loop (few-step sampling, then a t = 0 commit forward), one
+class per family's DiT (workers/models/family.py opens the right one).
 
-Per session it owns the self-attention KV cache, the text K/V (computed once) and a seeded
+Per session it owns the DiT's caches, the context's K/V (computed once) and a seeded
 generator from which all noise is drawn in a fixed order: the chunk's initial noise, then one
 re-noise per intermediate step. Same seed, same conditions -> same latents.
 
 Everything a chunk's forwards read lives on the stage's device from the session's start: RoPE
 tables, the sampler's timesteps and sigmas, the pixel ray directions, the commit timestep. A
-chunk's inputs (the latent condition, which arrives over the tensor channel, and F camera poses)
-are on the device before `run_chunk`, which then neither copies from the host nor reads a value
-back (tests/workers/models/test_hot_path.py holds it to that).
+chunk's inputs (the latent condition, which arrives over the tensor channel, and its control: F
+camera poses, or the action windows) are on the device before `run_chunk`, which then neither
+copies from the host nor reads a value back (tests/workers/models/test_hot_path.py holds it to that).
 """
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
 
 import torch
 
 from workers.models.camera import PluckerEncoder
 from workers.models.dit import WanDiT
 from workers.models.kv_cache import KVCacheSpec, SessionKVCache
+from workers.models.matrix_game.actions import ChunkActions
+from workers.models.matrix_game.cache import MatrixGameCache
+from workers.models.matrix_game.dit import MatrixGameDiT
 from workers.models.presets import ModelPreset
 from workers.models.rope import RopeTables
 from workers.models.sampler import FewStepSampler, FlowSchedule
@@ -36,7 +43,31 @@ def noise_generator(device: torch.device, seed: int) -> torch.Generator:
     return torch.Generator(device=device if own else "cpu").manual_seed(seed)
 
 
-class DenoiseSession:
+class SamplingLoop:
+    """What every family's session shares: the seeded generator, the sampler on the stage's device,
+    and the chunk's order of work (draw the noise, sample at the preset's steps, then one t = 0
+    forward on the clean chunk that commits it to the caches)."""
+
+    def __init__(self, preset: ModelPreset, device: torch.device, seed: int, chunk_latent_frames: int) -> None:
+        self.device = device
+        self.sampler = make_sampler(preset).to(device)
+        self.chunk = chunk_latent_frames
+        self.latent_hw = (preset.latent_height, preset.latent_width)
+        self.generator = noise_generator(device, seed)
+        self.commit_t = torch.zeros(1, device=device)
+
+    def denoise(self, forward: Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]) -> torch.Tensor:
+        """forward(x_t, t, commit) -> velocity; returns the chunk's clean latents [1, 16, C, h, w]."""
+        noise = torch.randn((1, 16, self.chunk, *self.latent_hw), generator=self.generator, device=self.device)
+        x0 = self.sampler.sample(noise, lambda x_t, t: forward(x_t, t, False), self.generator)
+        # Commit clean K/V so the next chunk attends to what was actually shown.
+        forward(x0, self.commit_t, True)
+        return x0
+
+
+class DenoiseSession(SamplingLoop):
+    """LingBot-World: camera poses in, the self-attention KV cache and the prompt's K/V kept."""
+
     def __init__(
         self,
         dit: WanDiT,
@@ -49,17 +80,12 @@ class DenoiseSession:
         cfg = preset.dit
         ranks = 1 if sp is None else sp.world_size
         device = dit.patch_embedding.weight.device
+        super().__init__(preset, device, seed, chunk_latent_frames)
         self.dit = dit
         self.sp = sp
-        self.device = device
-        self.sampler = make_sampler(preset).to(device)
-        self.chunk = chunk_latent_frames
-        self.latent_hw = (preset.latent_height, preset.latent_width)
-        self.generator = noise_generator(device, seed)
         _, ph, pw = cfg.patch_size
         self.rope = RopeTables(cfg.head_dim, preset.latent_height // ph, preset.latent_width // pw, device)
         self.rays = PluckerEncoder(preset, device)
-        self.commit_t = torch.zeros(1, device=device)
         spec = KVCacheSpec(
             num_layers=cfg.num_layers,
             batch=1,
@@ -76,16 +102,42 @@ class DenoiseSession:
 
     @torch.no_grad()
     def run_chunk(self, cond: torch.Tensor, poses: torch.Tensor) -> torch.Tensor:
-        """cond [1, 20, C, h, w], poses [C, 4, 4] (relative, see CameraTrack.next_poses), both on
+        """cond [1, 20, C, h, w], poses [C, 4, 4] (relative, see CameraTrack.next_inputs), both on
         the stage's device -> clean latents [1, 16, C, h, w]."""
         camera = self.dit.chunk_camera(self.rays.cells(poses)[None], sp=self.sp)
         start = self.kv_cache.committed_frames
-        noise = torch.randn((1, 16, self.chunk, *self.latent_hw), generator=self.generator, device=self.device)
 
         def forward(x: torch.Tensor, t: torch.Tensor, commit: bool) -> torch.Tensor:
             return self.dit(x, cond, t, self.text_kv, camera, start, self.kv_cache, commit, sp=self.sp, rope=self.rope)
 
-        x0 = self.sampler.sample(noise, lambda x_t, t: forward(x_t, t, False), self.generator)
-        # Commit clean K/V so the next chunk attends to what was actually shown.
-        forward(x0, self.commit_t, True)
-        return x0
+        return self.denoise(forward)
+
+
+class ActionDenoiseSession(SamplingLoop):
+    """Matrix-Game: per-frame keyboard and mouse actions in; the self-attention, mouse and keyboard
+    caches kept, staged by the sampling forwards and committed together by the t = 0 one; the first
+    frame's CLIP tokens as K/V, computed once."""
+
+    def __init__(
+        self, dit: MatrixGameDiT, preset: ModelPreset, clip_tokens: torch.Tensor, seed: int, chunk_latent_frames: int
+    ) -> None:
+        cfg = dataclasses.replace(dit.cfg, chunk_frames=chunk_latent_frames)
+        weight = dit.patch_embedding.weight
+        super().__init__(preset, weight.device, seed, chunk_latent_frames)
+        self.dit = dit
+        _, ph, pw = cfg.patch_size
+        self.rope = RopeTables(cfg.head_dim, preset.latent_height // ph, preset.latent_width // pw, self.device)
+        self.cache = MatrixGameCache(cfg, 1, preset.tokens_per_latent_frame, weight.dtype, self.device)
+        with torch.no_grad():
+            self.image_kv = dit.image_kv(clip_tokens[None].to(self.device))
+
+    @torch.no_grad()
+    def run_chunk(self, cond: torch.Tensor, actions: ChunkActions) -> torch.Tensor:
+        """cond [1, 20, C, h, w] and the chunk's action windows (ActionTrack.next_inputs), both on the
+        stage's device -> clean latents [1, 16, C, h, w]."""
+        start = self.cache.committed_frames
+
+        def forward(x: torch.Tensor, t: torch.Tensor, commit: bool) -> torch.Tensor:
+            return self.dit(x, cond, t, self.image_kv, actions, start, self.cache, commit, rope=self.rope)
+
+        return self.denoise(forward)

@@ -2,23 +2,22 @@
 
 For a preset at its own geometry and the stage's dtype, per component:
 - `weights_bytes`: parameters and buffers;
-- `session_bytes`: what one open session keeps between chunks (the DiT's KV cache, text K/V and
+- `session_bytes`: what one open session keeps between chunks (the DiT's caches, context K/V and
   RoPE tables; the VAE's causal conv caches, of the encoder or the decoder);
 - `peak_bytes`: what one chunk allocates on top while it runs (activations).
 
 The chunk and session figures come from running the real stage code on `meta` under `LiveBytes`
 (workers/models/live_bytes.py), not from formulas, so they follow the code as it changes. Two
-shortcuts keep a trace of the 14B model under a second: every DiT block is the same, so a 1-layer
-DiT is traced and the per-layer session state (KV cache and text K/V, computed exactly from their
-shapes) scaled to the preset's layer count; and unless the attention backend is `math`, attention
-is traced by a stand-in that allocates what a FlashAttention-class kernel does (its output and a
-float32 log-sum-exp per query), since on `meta` PyTorch would pick the math kernel and count an
-L × L score matrix that flash kernels never build.
+shortcuts keep a trace of the 14B model within seconds: a DiT of one block (the family's largest
+kind, `ModelFamily.one_layer`) is traced, and the full model's session state (caches and context
+K/V) is computed exactly from their shapes (`ModelFamily.session_state`); and unless the attention
+backend is `math`, attention is traced by a stand-in that allocates what a FlashAttention-class
+kernel does (its output and a float32 log-sum-exp per query), since on `meta` PyTorch would pick
+the math kernel and count an L × L score matrix that flash kernels never build.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,14 +26,13 @@ from typing import Any, TypeVar, cast
 import torch
 
 from workers.chunk_geometry import video_frames
+from workers.controls import ChunkControl
 from workers.determinism import intra_op_threads
-from workers.models.dit import WanDiT
+from workers.models.family import family_for
 from workers.models.live_bytes import LiveBytes
 from workers.models.loading import build_on_meta
 from workers.models.presets import ModelPreset
-from workers.models.t5 import UMT5Encoder
 from workers.models.vae import WanVAE
-from workers.stages.denoise import DenoiseSession
 
 META = torch.device("meta")
 # Below this many weight bytes a component is traced on the CPU with real (uninitialised) tensors:
@@ -53,7 +51,7 @@ class Footprint:
 @dataclass(frozen=True)
 class DiTFootprint(Footprint):
     kv_cache_bytes: int  # part of session_bytes: every layer's K and V window, all heads
-    text_kv_bytes: int  # part of session_bytes: every layer's cross-attention K/V of the prompt
+    text_kv_bytes: int  # part of session_bytes: every layer's cross-attention K/V of the context
 
 
 def _module_bytes(module: torch.nn.Module) -> int:
@@ -97,42 +95,42 @@ def _one_thread(fn: F) -> F:
 @functools.cache
 @_one_thread
 def dit_footprint(preset: ModelPreset, dtype: torch.dtype, math_attention: bool = False) -> DiTFootprint:
-    cfg = preset.dit
-    one_layer = dataclasses.replace(preset, dit=dataclasses.replace(cfg, num_layers=1))
-    dit, dev = _for_tracing(cast(WanDiT, build_on_meta(lambda: WanDiT(one_layer.dit))), dtype)
+    family = family_for(preset)
+    one_layer = family.one_layer(preset)
+    dit, dev = _for_tracing(build_on_meta(family.build_dit(one_layer)), dtype)
     if not math_attention:
-        for block in dit.block_list:
-            block.self_attn.attention = _flash_stand_in
-            block.cross_attn.attention = _flash_stand_in
+        for module in dit.modules():
+            if "attention" in vars(module):  # self, cross and action attention (kernels.apply_attention)
+                module.attention = _flash_stand_in
     chunk = preset.chunk_latent_frames
-    size = torch.empty((), dtype=dtype).element_size()
-    window = cfg.local_attn_size_frames if cfg.local_attn_size_frames != -1 else 2 * chunk
-    kv_layer = 2 * window * preset.tokens_per_latent_frame * cfg.dim * size
-    text_layer = 2 * cfg.text_len * cfg.dim * size
+    traced, full = family.session_state(one_layer, dtype), family.session_state(preset, dtype)
+    window = preset.dit.local_attn_size_frames if preset.dit.local_attn_size_frames != -1 else 2 * chunk
 
     opened = LiveBytes()
     with opened:
-        session = DenoiseSession(dit, one_layer, [torch.zeros(cfg.text_len, cfg.text_dim, device=dev)], 0, chunk)
+        context = torch.zeros(family.context_shape(preset), device=dev)
+        session = family.open_denoise(dit, one_layer, context, 0, chunk)
+        del context
     cond = torch.zeros(1, 20, chunk, preset.latent_height, preset.latent_width, device=dev)
-    poses = torch.eye(4, dtype=torch.float64, device=dev).repeat(chunk, 1, 1)
+    track = family.control_track(one_layer)
     peak, kept = 0, 0
     # Until the window rolls: the roll's shift of the cache is the largest transient of a session.
     for _ in range(window // chunk + 2):
+        inputs = track.next_inputs(ChunkControl(), chunk).to(dev)
         run = LiveBytes()
         with run:
-            session.run_chunk(cond, poses)
+            session.run_chunk(cond, inputs)
         peak = max(peak, run.peak_bytes)
         kept = max(kept, run.live_bytes)  # tables the session keeps for its next chunk
-    fixed = opened.live_bytes - kv_layer - text_layer  # RoPE tables, ray directions, …
-    kv, text = cfg.num_layers * kv_layer, cfg.num_layers * text_layer
-    # Every block is the same: the full model's weights without building its 40 blocks (seconds at 14B).
-    weights = _module_bytes(dit) + (cfg.num_layers - 1) * _module_bytes(dit.block_list[0])
+    fixed = opened.live_bytes - traced.kv_cache_bytes - traced.context_kv_bytes  # RoPE tables, ray directions, …
+    # The full model's weights from its build on meta: shapes only, no memory.
+    weights = _module_bytes(build_on_meta(family.build_dit(preset)).to(dtype))
     return DiTFootprint(
         weights_bytes=weights,
-        session_bytes=kv + text + fixed + kept,
+        session_bytes=full.kv_cache_bytes + full.context_kv_bytes + fixed + kept,
         peak_bytes=peak,
-        kv_cache_bytes=kv,
-        text_kv_bytes=text,
+        kv_cache_bytes=full.kv_cache_bytes,
+        text_kv_bytes=full.context_kv_bytes,
     )
 
 
@@ -167,13 +165,14 @@ def vae_footprints(preset: ModelPreset, dtype: torch.dtype) -> tuple[Footprint, 
 
 @functools.cache
 @_one_thread
-def text_encoder_footprint(preset: ModelPreset, dtype: torch.dtype) -> Footprint:
-    t5, dev = _for_tracing(build_on_meta(lambda: UMT5Encoder(preset.t5)), dtype)
-    ids = torch.zeros(1, preset.t5.text_len, dtype=torch.long, device=dev)
+def context_encoder_footprint(preset: ModelPreset, dtype: torch.dtype) -> Footprint:
+    """The family's context encoder (umT5 or CLIP): weights, and one session's encoding as the peak."""
+    family = family_for(preset)
+    module, dev = _for_tracing(build_on_meta(family.context_encoder_module(preset)), dtype)
     run = LiveBytes()
     with torch.no_grad(), run:
-        t5(ids, torch.ones_like(ids))
-    return Footprint(_module_bytes(t5), 0, run.peak_bytes)
+        family.trace_context_encoder(module, preset, dev)
+    return Footprint(_module_bytes(module), 0, run.peak_bytes)
 
 
 def _cache_bytes(cache: Sequence[object]) -> int:

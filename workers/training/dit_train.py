@@ -57,6 +57,7 @@ import torch
 
 from workers.models import loading
 from workers.models.camera import CameraTrack
+from workers.models.components import text_config
 from workers.models.dit import ChunkCamera, WanDiT
 from workers.models.kv_cache import KVCacheSpec, SessionKVCache
 from workers.models.presets import ModelPreset
@@ -165,9 +166,9 @@ class LatentSet:
 
 
 def random_text_encoder(preset: ModelPreset) -> TextEncoder:
-    model = UMT5Encoder(preset.t5)
+    model = UMT5Encoder(text_config(preset))
     init_random_weights(model, TEXT_ENCODER_SEED)
-    return TextEncoder(model, load_tokenizer(preset.t5, None))
+    return TextEncoder(model, load_tokenizer(text_config(preset), None))
 
 
 def new_dit(preset: ModelPreset, seed: int) -> WanDiT:

@@ -78,7 +78,7 @@ def test_describe_1_3b_shapes_and_counts(capsys) -> None:
 def test_describe_human_readable(capsys) -> None:
     assert main(["describe", "tiny"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("tiny (random weights")
+    assert out[0].startswith("tiny, lingbot-world (random weights")
     assert [line.split(":")[0].strip() for line in out[1:]] == ["dit", "vae", "t5"]
     assert all(line.endswith(")") and "parameters" in line for line in out[1:])
 

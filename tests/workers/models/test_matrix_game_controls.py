@@ -10,15 +10,8 @@ from workers.chunk_geometry import video_frames
 from workers.controls import ChunkControl
 from workers.models.matrix_game.actions import ChunkActions
 from workers.models.matrix_game.config import GTA_DRIVE, TEMPLERUN, UNIVERSAL
-from workers.models.matrix_game.controls import (
-    GTA_MAPPING,
-    KEY_MOUSE,
-    MAX_MOUSE,
-    TEMPLERUN_MAPPING,
-    UNIVERSAL_MAPPING,
-    ActionTrack,
-    frame_actions,
-)
+from workers.models.matrix_game.controls import MAX_MOUSE, ActionTrack, frame_actions
+from workers.models.matrix_game.mapping import GTA_MAPPING, KEY_MOUSE, TEMPLERUN_MAPPING, UNIVERSAL_MAPPING
 
 
 def _control(*keys: str, dx: float = 0.0, dy: float = 0.0) -> ChunkControl:
@@ -80,7 +73,7 @@ def test_bounded_history_gives_the_windows_of_the_whole_session(cfg, mapping) ->
     controls = [_control("w"), _control("a", "j", dx=20.0), _control(), _control("s", "l", dy=-30.0)] * 3
     whole_keyboard, whole_mouse = [], []
     for k, control in enumerate(controls):
-        got = track.next_chunk(control, chunk)
+        got = track.next_inputs(control, chunk)
         keyboard, mouse = frame_actions(mapping, control, video_frames(chunk, k == 0))
         whole_keyboard.append(keyboard)
         if mouse is not None:

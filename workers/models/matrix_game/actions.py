@@ -59,3 +59,8 @@ class ChunkActions:
             keyboard=action_windows(keyboard, start_frame, num_frames, cfg),
             mouse=None if mouse is None else action_windows(mouse, start_frame, num_frames, cfg),
         )
+
+    def to(self, device: torch.device) -> ChunkActions:
+        return ChunkActions(
+            keyboard=self.keyboard.to(device), mouse=None if self.mouse is None else self.mouse.to(device)
+        )

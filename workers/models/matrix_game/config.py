@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workers.models.presets import DiTConfig
+from workers.models.configs import DiTConfig
 
 
 @dataclass(frozen=True)
