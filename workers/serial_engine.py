@@ -21,10 +21,10 @@ import torch
 
 from workers.controls import ChunkControl
 from workers.determinism import DEFAULT_CPU_THREADS, intra_op_threads
+from workers.families.family import ChunkDenoiser, ContextEncoder, ControlTrack, ModelFamily, family_for
 from workers.images import fit_image, read_image, to_model_range
 from workers.models.checkpoint_files import require_checkpoint
 from workers.models.components import load_vae
-from workers.models.family import ChunkDenoiser, ContextEncoder, ControlTrack, ModelFamily, family_for
 from workers.models.kernels import DEFAULT_KERNELS, KernelConfig, apply_to_process
 from workers.models.presets import ModelPreset, get_preset
 from workers.models.vae import WanVAE

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
+from workers.families.family import family_for
 from workers.models.checkpoint_files import detect_layout
-from workers.models.family import family_for
 from workers.models.loading import KeyReport, state_shapes
 from workers.models.presets import PRESETS, get_preset
 

@@ -12,7 +12,7 @@ from enum import StrEnum
 
 
 class Family(StrEnum):
-    """Which model family builds and runs a preset (workers/models/family.py: what a family gives)."""
+    """Which model family builds and runs a preset (workers/families/family.py: what a family gives)."""
 
     LINGBOT_WORLD = "lingbot-world"  # Wan DiT with camera (Plücker) control, umT5 text and image condition
     MATRIX_GAME = "matrix-game"  # Wan DiT with keyboard and mouse action modules, CLIP image context

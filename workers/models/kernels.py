@@ -71,7 +71,7 @@ def apply_attention(model: nn.Module, config: KernelConfig, device: torch.device
     attend = attention_fn(resolve(config.attention, device))
     for module in model.modules():
         if "attention" in vars(module):
-            module.attention = attend
+            vars(module)["attention"] = attend  # a plain instance attribute (typed per class), not a submodule
     return model
 
 

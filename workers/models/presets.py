@@ -1,6 +1,6 @@
 """Model presets as data: the shapes of every component, frozen and validated once.
 
-A preset names its family (workers/models/family.py), a DiT, a VAE and the context encoder's
+A preset names its family (workers/families/family.py), a DiT, a VAE and the context encoder's
 configuration. The LingBot-World presets mirror the public LingBot-World v2 checkpoints
 (Wan2.2-I2V-A14B base with camera layers); the Matrix-Game ones the three released Matrix-Game 2.0
 distillations (Wan-1.3B trunk with keyboard and mouse action modules, CLIP image context). `gridworld`, the

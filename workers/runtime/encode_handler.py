@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from workers.families.family import family_for
 from workers.images import to_model_range
 from workers.models.components import load_vae
-from workers.models.family import family_for
 from workers.models.presets import get_preset
 from workers.parallel.group import StageGroup
 from workers.runtime.handler import StageHandler

@@ -6,7 +6,7 @@ Per worker it lists weights (by component and dtype), the state each open sessio
 DiT's KV cache and text K/V, the VAE's causal caches), one chunk's activations, the tensor
 channel's slots and frame ring, and per device the CUDA contexts of every process that touches it
 (its own workers, and the workers that map its IPC slots) and NCCL buffers. The model figures
-come from tracing the stage code on the `meta` device (workers/stages/footprint.py); the runtime
+come from tracing the stage code on the `meta` device (workers/runtime/footprint.py); the runtime
 figures below are measured constants. The server runs the same plan at start and refuses a
 placement that cannot fit (server/app.py), naming the device, the shortfall and placements that
 would fit.
@@ -27,16 +27,16 @@ from typing import Any
 import torch
 
 from workers.chunk_geometry import video_frames
+from workers.families.family import family_for
 from workers.models.attention_backend import AttentionBackend
 from workers.models.components import Precision
-from workers.models.family import family_for
 from workers.models.kernels import DEFAULT_KERNELS, KernelConfig
 from workers.models.presets import ModelPreset
+from workers.runtime.footprint import context_encoder_footprint, dit_footprint, vae_footprints
 from workers.runtime.handler import StageHandler
 from workers.runtime.messages import Stage
 from workers.runtime.placement import PLACEMENTS, Placement, PlacementError
 from workers.runtime.spec import WorkerSpec
-from workers.stages.footprint import context_encoder_footprint, dit_footprint, vae_footprints
 
 MIB = 2**20
 GIB = 2**30

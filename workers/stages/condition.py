@@ -1,5 +1,5 @@
 """Condition encode stage: start image -> per-chunk image condition (the session's context, prompt
-embeddings or CLIP tokens, comes from its family's encoder: workers/models/family.py).
+embeddings or CLIP tokens, comes from its family's encoder: workers/families/family.py).
 
 The image condition follows Wan image-to-video: the VAE encodes the start image followed by black
 frames, and a 4-channel mask marks latent frame 0 as given. Streaming, chunk 0 encodes the image

@@ -1,5 +1,5 @@
 """DiT denoise stage: one session's chunk loop (few-step sampling, then a t = 0 commit forward), one
-class per family's DiT (workers/models/family.py opens the right one).
+class per family's DiT (workers/families/family.py opens the right one).
 
 Per session it owns the DiT's caches, the context's K/V (computed once) and a seeded
 generator from which all noise is drawn in a fixed order: the chunk's initial noise, then one

@@ -17,9 +17,9 @@ from workers.models.checkpoint_files import CheckpointMissing, require_checkpoin
 from workers.models.components import load_dit, load_vae
 from workers.models.live_bytes import LiveBytes
 from workers.models.presets import get_preset
+from workers.runtime import footprint
 from workers.runtime.memory_plan import GIB, check_fits, machine_capacity, plan_memory
 from workers.runtime.placement import PlacementError, get_placement
-from workers.stages import footprint
 from workers.stages.denoise import DenoiseSession
 
 CPU = torch.device("cpu")

@@ -28,7 +28,7 @@ import torch
 from workers.chunk_geometry import video_frames
 from workers.controls import ChunkControl
 from workers.determinism import intra_op_threads
-from workers.models.family import family_for
+from workers.families.family import family_for
 from workers.models.live_bytes import LiveBytes
 from workers.models.loading import build_on_meta
 from workers.models.presets import ModelPreset
@@ -101,7 +101,7 @@ def dit_footprint(preset: ModelPreset, dtype: torch.dtype, math_attention: bool 
     if not math_attention:
         for module in dit.modules():
             if "attention" in vars(module):  # self, cross and action attention (kernels.apply_attention)
-                module.attention = _flash_stand_in
+                vars(module)["attention"] = _flash_stand_in
     chunk = preset.chunk_latent_frames
     traced, full = family.session_state(one_layer, dtype), family.session_state(preset, dtype)
     window = preset.dit.local_attn_size_frames if preset.dit.local_attn_size_frames != -1 else 2 * chunk

@@ -2,8 +2,8 @@
 the prompt's umT5 embeddings and the start image's VAE latent. LingBot-World v2 (14B, 1.3B), the
 embedded `gridworld` and the `tiny` fixture.
 
-Its pieces live where they always have: the DiT (`dit.py`), umT5 (`t5.py`), the camera track
-(`camera.py`), the denoise session (workers/stages/denoise.py), the loaders (`components.py`).
+Its pieces are in workers/models (the DiT `dit.py`, umT5 `t5.py`, the camera track `camera.py`, the
+loaders `components.py`) and workers/stages/denoise.py (the denoise session).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from workers.families.family import ControlTrack, ModelFamily, SessionState
 from workers.models import components
 from workers.models.camera import CameraTrack
 from workers.models.configs import Family
 from workers.models.dit import WanDiT
-from workers.models.family import ControlTrack, ModelFamily, SessionState
 from workers.models.kernels import DEFAULT_KERNELS, KernelConfig, apply_to_dit
 from workers.models.loading import KeyReport
 from workers.models.presets import ModelPreset

@@ -25,12 +25,12 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from workers.families.family import ControlTrack, ModelFamily, SessionState
 from workers.models import loading
 from workers.models.clip import CLIPVisionTower, preprocess, tower_name
 from workers.models.components import SEED_OFFSETS, Precision, materialize
 from workers.models.configs import CLIPVisionConfig, Family
 from workers.models.diffusers_layout import NameTable, Rename
-from workers.models.family import ControlTrack, ModelFamily, SessionState
 from workers.models.kernels import DEFAULT_KERNELS, KernelConfig, apply_attention
 from workers.models.matrix_game.actions import ChunkActions
 from workers.models.matrix_game.cache import MatrixGameCache

@@ -14,7 +14,7 @@ the runtime or the server asks which family it runs:
   its seeded sampler on the preset's schedule;
 - the **checkpoint layout**: strict streaming loads and `verify` (the files a load needs are named
   torch-free, in workers/models/checkpoint_files.py, so a command line can check them first);
-- the **memory plan's** figures: the per-session state and context sizes (workers/stages/footprint.py
+- the **memory plan's** figures: the per-session state and context sizes (workers/runtime/footprint.py
   traces the rest from the same session code).
 
 The image condition (the VAE's I2V latent, workers/stages/condition.py) and the decoder are the same
@@ -157,11 +157,11 @@ class ModelFamily(ABC):
 def family_for(preset: ModelPreset) -> ModelFamily:
     # Imported here: each family module imports this one for the interface.
     if preset.family is Family.LINGBOT_WORLD:
-        from workers.models.lingbot_world import LINGBOT_WORLD
+        from workers.families.lingbot_world import LINGBOT_WORLD
 
         return LINGBOT_WORLD
     if preset.family is Family.MATRIX_GAME:
-        from workers.models.matrix_game.family import MATRIX_GAME
+        from workers.families.matrix_game import MATRIX_GAME
 
         return MATRIX_GAME
     raise ValueError(f"{preset.name}: no model family {preset.family!r}")
