@@ -42,8 +42,9 @@ from workers.models.vae import WanVAE
 from workers.parallel.ulysses import SequenceParallel
 from workers.stages.denoise import ActionDenoiseSession
 
-# The released DiT files' names -> the module's: the wrapper's prefix goes; any other name is kept,
-# and so reported as unexpected by the strict check.
+# The released DiT files' names -> the module's: the wrapper's prefix goes. A name without it is taken
+# as the module's own, so a file saved from the bare model loads the same; anything else is reported
+# as unexpected by the strict check.
 RELEASE_NAMES = NameTable("DiT", (Rename(re.compile(re.escape(RELEASE_PREFIX) + "(.+)"), r"\1"),))
 
 
