@@ -256,6 +256,7 @@
     hook.model = modelInfo;
     showModel(modelInfo.model, modelInfo.weights);
     renderKeyHelp(modelInfo);
+    showPromptField(modelInfo.takes_prompt !== false);
     renderScenes(modelInfo.scenes || []);
     showMessage("", false);
     updateControls();
@@ -271,6 +272,12 @@
     } else {
       el.weightsNote.hidden = true;
     }
+  }
+
+  // A model that conditions on the start image alone (Matrix-Game) reads no prompt: hide the field
+  // rather than let a typed prompt look as if it did something.
+  function showPromptField(takesPrompt) {
+    el.prompt.closest(".field").hidden = !takesPrompt;
   }
 
   // ---- the Controls help: only what this model steers by (GET /v1/model `accepts`) ----
