@@ -115,9 +115,9 @@ class FakeWorkers:
         """The worker's normal answer to what it is computing."""
         cmd = self.computing[stage]
         if isinstance(cmd, OpenSession):
-            text = self.slot(stage) if stage is Stage.ENCODE else None
-            acks = (Ack(cmd.text),) if isinstance(cmd.text, SlotRef) else ()
-            self.reply(stage, SessionOpened(stage, 0, cmd.session_id, cmd.epoch, text=text, acks=acks))
+            context = self.slot(stage) if stage is Stage.ENCODE else None
+            acks = (Ack(cmd.context),) if isinstance(cmd.context, SlotRef) else ()
+            self.reply(stage, SessionOpened(stage, 0, cmd.session_id, cmd.epoch, context=context, acks=acks))
         elif isinstance(cmd, CloseSession):
             self.reply(stage, SessionClosed(stage, 0, cmd.session_id))
         elif isinstance(cmd, EncodeChunk):
