@@ -14,6 +14,8 @@ Steps (each a subprocess with a time limit; its log lands in OUT/<step>.log):
 4. `kernels`: the attention backends and `--compile` on the gridworld model, speed and frames.
 5. `replay`: gridworld on `1gpu`, 24 chunks: steady FPS, real-time factor, DiT idle fraction,
    and each worker's peak device memory against the memory plan's figure for it.
+6. `matrix_game`: `matrix-game-2-universal` with seeded random weights at full size on `1gpu`,
+   8 chunks: the steady chunk period against the 0.48 s a chunk lasts, and memory against the plan.
 
 Everything lands in OUT/summary.json: per step its status (ok, failed, skipped with the reason),
 seconds and figures. `--rehearse` runs the steps a CPU can (CPU placements, gloo instead of NCCL,
@@ -36,7 +38,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from workers.chunk_geometry import chunk_num_frames
 from workers.determinism import frame_difference
+from workers.models.presets import MATRIX_GAME_TINY, MATRIX_GAME_UNIVERSAL
 
 GPU_SCRIPT_BUDGET_S = 8 * 60
 
@@ -110,14 +114,22 @@ class Check:
             tail = log.read_text().strip().splitlines()[-3:]
             raise Failed(f"exit status {rc}: {' | '.join(tail)}")
 
-    def replay(self, name: str, model: str, chunks: int, dit_ranks: int = 1, decode_ranks: int = 1) -> dict[str, Any]:
+    def replay(
+        self,
+        name: str,
+        model: str,
+        chunks: int,
+        dit_ranks: int = 1,
+        decode_ranks: int = 1,
+        extra: tuple[str, ...] = (),
+    ) -> dict[str, Any]:
         """A replay on a placement of the given rank counts; returns RUN.json (frames in OUT/<name>.npy)."""
         placement = self.out / f"{name}.placement.json"
         placement.write_text(json.dumps({"name": name, **self.target.placement(dit_ranks, decode_ranks)}))
         run_json = self.out / f"{name}.json"
         args = ["-m", "benchmarks.replay", "--model", model, "--chunks", str(chunks), "--quiet"]
         args += ["--placement", str(placement), "--out", str(run_json), "--frames", str(self.out / f"{name}.npy")]
-        self.sh(name, args, timeout_s=240)
+        self.sh(name, [*args, *extra], timeout_s=240)
         report: dict[str, Any] = json.loads(run_json.read_text())
         return report
 
@@ -173,9 +185,9 @@ def two_ranks(check: Check, stage: str, reference: np.ndarray | None) -> dict[st
         raise Skip("needs two GPUs: NCCL refuses two ranks of one group on one GPU")
     if reference is None:
         raise Failed("the 1-rank reference replay failed")
-    ranks = {"dit_ranks": 2} if stage == "dit" else {"decode_ranks": 2}
+    dit_ranks, decode_ranks = (2, 1) if stage == "dit" else (1, 2)
     name = f"{stage}_2rank"
-    check.replay(name, "tiny", REFERENCE_CHUNKS, **ranks)
+    check.replay(name, "tiny", REFERENCE_CHUNKS, dit_ranks, decode_ranks)
     diff = frame_difference(np.load(check.out / f"{name}.npy"), reference)
     if not diff.within():
         raise Failed(f"frames differ from the 1-rank run beyond the tolerance: {diff}")
@@ -227,6 +239,19 @@ def replay_figures(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def matrix_game(check: Check) -> dict[str, Any]:
+    """Matrix-Game 2.0 at full size on one GPU (random weights: the timing and memory are the model's,
+    the frames are noise); rehearsed with its tiny fixture."""
+    if check.target.rehearse:
+        preset, report = MATRIX_GAME_TINY, check.replay("matrix_game", MATRIX_GAME_TINY.name, 3)
+    else:
+        preset = MATRIX_GAME_UNIVERSAL
+        report = check.replay("matrix_game", preset.name, 8, extra=("--random-weights",))
+    figures = replay_figures(report)
+    chunk_s = chunk_num_frames(1, preset.chunk_latent_frames) / preset.fps
+    return figures | {"chunk_s": chunk_s, "period_over_chunk": figures["chunk_period_s_p50"] / chunk_s}
+
+
 REFERENCE_CHUNKS = 3
 
 
@@ -261,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         check.run("replay", lambda: replay_figures(reports[0]) if reports else {})
     else:
         check.run("replay", lambda: replay_figures(check.replay("replay", "gridworld", 24)))
+    check.run("matrix_game", lambda: matrix_game(check))
 
     summary = check.summary(started)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -71,6 +71,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--chunk-frames", type=int, default=None, help="latent frames per chunk (preset default)")
     p.add_argument("--seed", type=int, default=0, help="session seed (noise)")
     p.add_argument("--weights-seed", type=int, default=0, help="seed of random weights when no checkpoint")
+    p.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="seeded random weights at the preset's full size, for timing and memory without its checkpoint",
+    )
     p.add_argument("--image", type=Path, default=DEFAULT_IMAGE, help="start image")
     p.add_argument("--prompt", default="", help="text prompt")
     p.add_argument("--placement", default="cpu", help=f"one of {sorted(PLACEMENTS)} or a placement .json")
@@ -167,6 +172,7 @@ def _run_in_process(args: argparse.Namespace, trace: Trace, rec: Recorder, prese
         weights_seed=args.weights_seed,
         cpu_threads=placement_for(args).cpu_threads_per_worker,
         kernels=kernels_for(args),
+        random_weights=args.random_weights,
     )
     load_s = time.perf_counter() - t0
     replayer = TraceReplayer(trace)
@@ -222,6 +228,7 @@ def _run_pipeline(args: argparse.Namespace, trace: Trace, rec: Recorder, preset:
         weights_seed=args.weights_seed,
         synthetic=args._synthetic,
         kernels=kernels_for(args),
+        random_weights=args.random_weights,
     )
     t0 = time.perf_counter()
     engine.start()
@@ -351,6 +358,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     trace = Trace.load(args.trace)
     preset = args._preset  # resolved (and validated) by parse_args
     weights = preset.weights_note if args.checkpoint is None else f"checkpoint {args.checkpoint}"
+    if args.random_weights:
+        weights = f"random weights (seed {args.weights_seed}): timing and memory only, the frames are noise"
     if not args.quiet:
         print(
             f"model {preset.name} ({weights}), {preset.width_px}x{preset.height_px} @ {preset.fps} fps",

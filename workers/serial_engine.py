@@ -123,16 +123,21 @@ class SerialEngine:
         weights_seed: int = 0,
         cpu_threads: int = DEFAULT_CPU_THREADS,
         kernels: KernelConfig = DEFAULT_KERNELS,
+        random_weights: bool = False,
     ) -> SerialEngine:
         """Build the engine. Without a checkpoint, components get seeded random weights.
 
         `cpu_threads`: torch intra-op threads for model code (the determinism contract's thread count).
         `kernels`: attention backend, compile and deterministic mode (process-wide parts apply to
-        this process).
+        this process). `random_weights`: seeded random weights even for a preset that runs on
+        released ones (timing and memory without its checkpoint; the frames are noise).
         """
         preset = get_preset(preset) if isinstance(preset, str) else preset
         dev = torch.device(device)
-        require_checkpoint(preset, checkpoint_dir)
+        if random_weights and checkpoint_dir is not None:
+            raise ValueError("random_weights and a checkpoint directory exclude each other")
+        if not random_weights:
+            require_checkpoint(preset, checkpoint_dir)
         ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
         apply_to_process(kernels, dev)
         family = family_for(preset)

@@ -45,4 +45,9 @@ def test_the_rehearsal_runs_every_step_a_cpu_can(tmp_path) -> None:
     assert set(replay["memory"]) == {"encode0", "dit0", "decode0"}
     for worker, m in replay["memory"].items():
         assert abs(m["plan_error"]) <= 0.2, (worker, m)
+    # Matrix-Game's step, rehearsed with its tiny fixture: a chunk of 12 frames at 25 FPS lasts 0.48 s.
+    matrix_game = steps["matrix_game"]["figures"]
+    assert matrix_game["chunk_s"] == pytest.approx(0.48) and matrix_game["period_over_chunk"] > 0
+    for worker, m in matrix_game["memory"].items():
+        assert abs(m["plan_error"]) <= 0.2, (worker, m)
     assert "summary:" in done.stdout and "dit_2rank: ok" in done.stdout

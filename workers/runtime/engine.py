@@ -83,7 +83,10 @@ class PipelineEngine:
         start_timeout_s: float = 300.0,
         deadlines: Deadlines | None = None,
         kernels: KernelConfig = DEFAULT_KERNELS,
+        random_weights: bool = False,
     ) -> None:
+        """`random_weights`: seeded random weights for a preset that runs on released ones, for timing
+        and memory on a machine without its checkpoint (the frames are noise)."""
         try:
             plan = Schedule(schedule)
         except ValueError:
@@ -92,7 +95,9 @@ class PipelineEngine:
             raise ValueError("max_sessions must be at least 1")
         self.preset = get_preset(preset) if isinstance(preset, str) else preset
         placement.validate_for(self.preset)
-        if synthetic is None:
+        if random_weights and checkpoint_dir is not None:
+            raise ValueError("random_weights and a checkpoint directory exclude each other")
+        if synthetic is None and not random_weights:
             require_checkpoint(self.preset, checkpoint_dir)  # before any worker builds anything
         for device in placement.stage_devices(Stage.DIT.value):
             kernels.check(device)  # a kernel the DiT's device cannot run fails here, not in a worker
