@@ -3,6 +3,7 @@
 python -m workers.models describe PRESET [--json]
 python -m workers.models verify PRESET --checkpoint DIR    (released or diffusers layout, named first)
 python -m workers.models plan PRESET --placement P --max-sessions N [--device-gib 80] [--json]
+python -m workers.models plan PRESET --placement P --fit-gib 24,48,80    (sessions that fit per card size)
 """
 
 from __future__ import annotations
@@ -11,13 +12,18 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from workers.families.family import family_for
 from workers.models.checkpoint_files import detect_layout
 from workers.models.loading import KeyReport, state_shapes
-from workers.models.presets import PRESETS, get_preset
+from workers.models.presets import PRESETS, ModelPreset, get_preset
+
+if TYPE_CHECKING:
+    from workers.models.kernels import KernelConfig
+    from workers.runtime.placement import Placement
 
 
 def describe(name: str) -> dict[str, object]:
@@ -61,6 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--host-gib", type=float, default=None, help="host memory for CPU placements (default: available)")
     pl.add_argument("--attention", default="auto", help="attention backend (math counts its score matrix)")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
+    pl.add_argument(
+        "--fit-gib",
+        default=None,
+        help="comma-separated card sizes in GiB (e.g. 24,48,80): print how many sessions fit on each instead",
+    )
     args = parser.parse_args(argv)
 
     if args.command == "plan":
@@ -113,6 +124,8 @@ def _plan(args: argparse.Namespace) -> int:
     device_gib = args.device_gib
     if device_gib is None and not torch.cuda.is_available():
         device_gib = DEFAULT_DEVICE_GIB  # no GPU here: plan for the common 80 GB card
+    if args.fit_gib is not None:
+        return _fit(preset, placement, kernels, args.fit_gib, args.host_gib)
     capacity = machine_capacity(device_gib, args.host_gib)
     plan = plan_memory(preset, placement, args.max_sessions, capacity, kernels)
     if args.json:
@@ -123,6 +136,30 @@ def _plan(args: argparse.Namespace) -> int:
             fit = placements_that_fit(preset, args.max_sessions, capacity, kernels, cuda_device_count=64)
             print("placements that fit: " + (", ".join(f"{p} ({k} session(s))" for p, k in fit) or "none"))
     return 0 if plan.fits else 1
+
+
+def _fit(preset: ModelPreset, placement: Placement, kernels: KernelConfig, sizes: str, host_gib: float | None) -> int:
+    from workers.runtime.memory_plan import GIB, machine_capacity, plan_memory
+
+    try:
+        cards = [float(x) for x in sizes.split(",")]
+    except ValueError:
+        print(f"error: --fit-gib takes comma-separated numbers, got {sizes!r}", file=sys.stderr)
+        return 2
+    one = plan_memory(preset, placement, 1, machine_capacity(max(cards), host_gib))
+    fullest = max(d.total_bytes for d in one.devices)
+    print(f"{preset.name} on {placement.name}: one session takes {fullest / GIB:.1f} GiB on its fullest device")
+    for gib in cards:
+        capacity = machine_capacity(gib, host_gib)
+        fitting = 0
+        while fitting < MAX_FIT_SESSIONS and plan_memory(preset, placement, fitting + 1, capacity, kernels).fits:
+            fitting += 1
+        more = "+" if fitting == MAX_FIT_SESSIONS else ""
+        print(f"  {gib:g} GiB cards: {fitting}{more} session(s)")
+    return 0
+
+
+MAX_FIT_SESSIONS = 64  # where --fit-gib stops counting
 
 
 if __name__ == "__main__":

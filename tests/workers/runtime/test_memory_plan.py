@@ -109,6 +109,19 @@ def test_plan_cli_says_what_does_not_fit_and_what_would(capsys: pytest.CaptureFi
     assert data["fits"] is False and data["device_totals"]["cuda:0"]["capacity_bytes"] == 80 * GIB
 
 
+def test_plan_cli_counts_the_sessions_that_fit_per_card_size(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", "matrix-game-2-universal", "--placement", "1gpu", "--fit-gib", "16,24,80"]
+    assert models_cli(argv) == 0
+    out = capsys.readouterr().out
+    counts = [int(line.split(": ")[1].split()[0]) for line in out.splitlines() if "GiB cards" in line]
+    assert counts[0] == 0 and counts[1] >= 1 and counts[2] > counts[1], out
+    # The count is the plan's own verdict at the edge: one more session would not fit.
+    n = counts[2]
+    plan = plan_memory(get_preset("matrix-game-2-universal"), get_placement("1gpu"), n + 1, lambda d: 80 * GIB)
+    assert not plan.fits
+    assert models_cli([*argv[:-1], "24,x"]) == 2
+
+
 def test_a_placement_that_cannot_fit_is_refused_naming_device_shortfall_and_alternatives() -> None:
     preset = get_preset("lingbot-world-v2-14b")
     with pytest.raises(PlacementError) as err:
