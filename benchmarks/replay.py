@@ -2,6 +2,11 @@
 
     python -m benchmarks.replay --model tiny --trace TRACE.json --chunks 8 --seed 0 \
         --placement cpu --schedule pipelined --out runs/replay.json --video runs/replay.mp4
+    python -m benchmarks.replay --recording REC.json --out runs/regenerated.json [--video out.mp4]
+
+With `--recording` (a session's GET /v1/sessions/ID/recording) the session is regenerated as it
+ran: its model, seed, prompt, start image, placement, thread count and each chunk's control come
+from the recording, and every chunk's digest is compared with the recorded one (benchmarks/recorded.py).
 
 By default the session runs on the multi-process pipeline (`--placement`, `--schedule`);
 `--in-process` runs the serial reference engine in this process instead. The trace is replayed on
@@ -27,16 +32,19 @@ import json
 import queue
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
+from benchmarks.recorded import Recorded, RecordingError
 from benchmarks.stats import environment, peak_rss_bytes, summarize
 from benchmarks.timeline import picture_path, write_picture
 from benchmarks.trace import Trace, TraceReplayer
-from benchmarks.video import Mp4Writer
+from server.mp4_writer import Mp4Writer
+from server.recording import frames_digest
 from workers.chunk_geometry import chunk_first_frame, chunk_num_frames
 from workers.controls import ChunkControl
 from workers.images import fit_image, read_image
@@ -78,7 +86,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--image", type=Path, default=DEFAULT_IMAGE, help="start image")
     p.add_argument("--prompt", default="", help="text prompt")
-    p.add_argument("--placement", default="cpu", help=f"one of {sorted(PLACEMENTS)} or a placement .json")
+    p.add_argument("--placement", default=None, help=f"one of {sorted(PLACEMENTS)} or a placement .json (default cpu)")
+    p.add_argument(
+        "--recording",
+        type=Path,
+        default=None,
+        help="regenerate a session from its recording (GET /v1/sessions/ID/recording) and check every chunk's digest",
+    )
     p.add_argument("--schedule", default="pipelined", choices=("pipelined", "serial"), help="A/B schedule")
     p.add_argument("--in-process", action="store_true", help="run the serial reference engine in this process")
     p.add_argument("--device", default="cpu", help="torch device for --in-process")
@@ -102,6 +116,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeline", type=picture_path, default=None, help="also draw the stage timeline (.png/.svg)")
     p.add_argument("--quiet", action="store_true", help="no per-chunk progress lines")
     args = p.parse_args(argv)
+    args._recorded = None
+    if args.recording is not None:
+        try:
+            _from_recording(args)
+        except RecordingError as exc:
+            p.error(str(exc))
     if args.chunks < 1:
         p.error("--chunks must be at least 1")
     if args.threads is not None and args.threads < 1:
@@ -115,13 +135,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _from_recording(args: argparse.Namespace) -> None:
+    """The recording decides what the session was: model, seed, prompt, image, chunks, placement and
+    threads (--placement and --threads still override, to try another); its weights must be these."""
+    recorded = Recorded.load(args.recording)
+    data = recorded.data
+    args.model, args.seed, args.prompt = data["model"], data["seed"], data["prompt"]
+    args.image, args.chunks, args.chunk_frames = recorded.image, len(recorded.chunks), data["chunk_latent_frames"]
+    recorded.check_weights(args.checkpoint, args.weights_seed)
+    args._recorded = recorded
+
+
 def kernels_for(args: argparse.Namespace) -> KernelConfig:
     return KernelConfig(AttentionBackend(args.attention), args.compile, args.deterministic)
 
 
 def placement_for(args: argparse.Namespace) -> Placement:
     """The placement to run (its per-worker thread count overridden by --threads)."""
-    placement = get_placement(args.placement)
+    if args.placement is None and args._recorded is not None:
+        placement = args._recorded.placement()
+    else:
+        placement = get_placement(args.placement or "cpu")
     if args.threads is not None:
         placement = dataclasses.replace(placement, cpu_threads_per_worker=args.threads)
     return placement
@@ -140,6 +174,7 @@ class Recorder:
     def add(self, frames: np.ndarray, row: dict[str, Any]) -> None:
         assert row["index"] == len(self.chunks), f"chunk {row['index']} arrived out of order"
         self.digest.update(frames.tobytes())
+        row["frames_sha256"] = frames_digest(frames)  # as a session's recording digests its chunks
         if self.frames is not None:
             self.frames.append(frames)
         if self.writer is not None:
@@ -162,6 +197,17 @@ class Recorder:
             np.save(self.args.frames, np.concatenate(self.frames))
 
 
+def _controls_for(
+    args: argparse.Namespace, trace: Trace, preset: ModelPreset, chunk: int
+) -> Callable[[int], tuple[ChunkControl, bool]]:
+    """Chunk index -> its control and pose reset: as recorded, or the trace's state at the chunk's
+    first frame on the media clock (the same for every engine)."""
+    if args._recorded is not None:
+        return cast(Callable[[int], tuple[ChunkControl, bool]], args._recorded.controls())
+    replayer = TraceReplayer(trace)
+    return lambda index: replayer.control_at(chunk_first_frame(index, chunk) / preset.fps)
+
+
 def _run_in_process(args: argparse.Namespace, trace: Trace, rec: Recorder, preset: ModelPreset) -> dict[str, Any]:
     device = torch.device(args.device)
     t0 = time.perf_counter()
@@ -175,12 +221,12 @@ def _run_in_process(args: argparse.Namespace, trace: Trace, rec: Recorder, prese
         random_weights=args.random_weights,
     )
     load_s = time.perf_counter() - t0
-    replayer = TraceReplayer(trace)
     t_start = time.perf_counter()
     session = engine.create_session(args.image, args.prompt, args.seed, args.chunk_frames)
+    controls = _controls_for(args, trace, preset, session.chunk_latent_frames)
     try:
         for k in range(args.chunks):
-            control, reset = replayer.control_at(session.frames_done / preset.fps)
+            control, reset = controls(k)
             if reset:
                 session.control.reset_pose()
             result = session.step(control)
@@ -236,11 +282,8 @@ def _run_pipeline(args: argparse.Namespace, trace: Trace, rec: Recorder, preset:
     if not args.quiet:
         print(f"workers ready in {load_s:.1f} s: {engine.worker_pids()}", file=sys.stderr, flush=True)
     chunk = args.chunk_frames or preset.chunk_latent_frames
-    replayer = TraceReplayer(trace)
+    control_source = _controls_for(args, trace, preset, chunk)
     outputs: queue.Queue[ChunkOutput | tuple[str, str | None]] = queue.Queue()
-
-    def control_source(index: int) -> tuple[ChunkControl, bool]:
-        return replayer.control_at(chunk_first_frame(index, chunk) / preset.fps)
 
     try:
         image = fit_image(read_image(args.image), preset.height_px, preset.width_px)
@@ -413,9 +456,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "kernels": kernels_for(args).record(_dit_device(args)),
         "chunks": chunks,
         "environment": environment(torch.device(args.device if args.in_process else "cpu")),
-        "request": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if not k.startswith("_")},
+        "request": {k: _request_value(v) for k, v in vars(args).items() if not k.startswith("_")},
     }
+    if args._recorded is not None:
+        report["recording"] = args._recorded.verdict([c["frames_sha256"] for c in chunks], placement_for(args))
     return report
+
+
+def _request_value(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, np.ndarray):
+        return f"image {value.shape[1]}x{value.shape[0]} from the recording"
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -431,6 +484,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(line)
     print(f"report: {args.out}")
+    verdict = report.get("recording")
+    if verdict is not None:
+        print(f"recording: {verdict['summary']}")
     if args.video:
         print(f"video:  {args.video}")
     if args.timeline is not None:
@@ -438,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"timeline: {args.timeline}" if why is None else f"no timeline: {why}")
         if why is not None:
             return 2
-    return 0
+    return 1 if verdict is not None and not verdict["ok"] else 0
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ as ready uint8 arrays, and the video track converts them off the loop too.
 import asyncio
 import base64
 import binascii
+import json
 import logging
 import secrets
 import time
@@ -31,6 +32,7 @@ from server.errors import (
     BadImage,
     BadRequest,
     Busy,
+    Conflict,
     Draining,
     Full,
     Loading,
@@ -58,6 +60,7 @@ from server.protocol import (
     SessionInfo,
 )
 from server.rate_limit import PerClientLimiter, client_address
+from server.recording_store import RecordingStore
 from server.scenes import default_scene, scene_names, scene_path
 from server.sctp import bound_inbound_messages
 from server.session import ACTIVE, ServerSession, SessionState
@@ -67,10 +70,11 @@ from server.whep import whep_router
 from workers.chunk_geometry import chunk_num_frames
 from workers.controls import client_contract
 from workers.images import ImageError, fit_image, read_image
+from workers.models.weights_digest import weights_digest
 from workers.runtime.engine import PipelineEngine
 from workers.runtime.memory_plan import check_fits, machine_capacity
 from workers.runtime.placement import get_placement
-from workers.runtime.synthetic import resolve_model
+from workers.runtime.synthetic import SYNTHETIC, resolve_model
 
 log = logging.getLogger("worldrtc.server")
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
@@ -121,6 +125,9 @@ class AppState:
         self.create_limiter = PerClientLimiter(settings.create_rate_per_min / 60, settings.create_burst)
         self._admitting = 0  # creates past the capacity check, still decoding their image
         self.reclaimer = MemoryReclaimer()
+        self.recordings = RecordingStore(settings.recordings_dir, settings.recordings_quota_mib * 2**20)
+        # What recordings name the weights by (server/recording.py); read from the files while loading.
+        self.weights_digest = SYNTHETIC if synthetic is not None else ""
 
     def active_sessions(self) -> int:
         return sum(s.state in ACTIVE for s in self.sessions.values())
@@ -211,6 +218,8 @@ class AppState:
             chunk_latent_frames=body.chunk_frames,
             dispatch=body.dispatch,
             scene=scene,
+            recordings=self.recordings,
+            weights_digest=self.weights_digest,
         )
         self.sessions[session.id] = session
         self._forget_when_closed(session)
@@ -229,6 +238,7 @@ class AppState:
             self._own(self.reclaimer.session_closed())
             await asyncio.sleep(self.settings.closed_session_keep_s)
             self.sessions.pop(session.id, None)
+            self.recordings.remove(session.id)
 
         self._own(asyncio.get_running_loop().create_task(forget(), name=f"forget-{session.id}"))
 
@@ -252,6 +262,10 @@ def create_app(settings: Settings) -> FastAPI:
         loop = asyncio.get_running_loop()
         state.engine.on_fatal = lambda error: loop.call_soon_threadsafe(state.engine_failed, error)
         try:
+            if not state.weights_digest:
+                state.weights_digest = await asyncio.to_thread(
+                    weights_digest, state.preset, settings.checkpoint_dir, settings.weights_seed
+                )
             await asyncio.to_thread(state.engine.start)
             await asyncio.to_thread(state.engine.warm_up)
         except Exception as exc:
@@ -277,6 +291,7 @@ def create_app(settings: Settings) -> FastAPI:
                 task.cancel()
             await asyncio.gather(loader, *state.tasks, return_exceptions=True)
             await asyncio.to_thread(state.engine.shutdown, state.worker_grace_s)
+            state.recordings.close()
             await state.lag.stop()
 
     # With an API token, the schema is served behind it too, and the docs pages (which fetch the
@@ -454,6 +469,24 @@ def create_app(settings: Settings) -> FastAPI:
     ) -> dict[str, Any]:
         """The session's recent stage timeline; `python -m benchmarks.timeline URL-or-file` draws it."""
         return session.timeline_report(window_s)
+
+    @app.get("/v1/sessions/{session_id}/recording")
+    async def get_recording(session: Annotated[ServerSession, Depends(session_for)]) -> Response:
+        """What regenerates the session (server/recording.py): `python -m benchmarks.replay --recording`."""
+        record = session.recording_record()
+        if record is None:
+            raise Conflict(f"session {session.id} has not started generating; it has nothing recorded yet")
+        body = json.dumps(record, separators=(",", ":"))
+        disposition = f'attachment; filename="worldrtc-{session.id}.json"'
+        return Response(body, media_type="application/json", headers={"Content-Disposition": disposition})
+
+    @app.get("/v1/sessions/{session_id}/video.mp4")
+    async def get_video(session: Annotated[ServerSession, Depends(session_for)]) -> FileResponse:
+        """The frames as generated (not as streamed), as an MP4 that plays while the session runs."""
+        path = session.video_path()
+        if path is None or not path.is_file():
+            raise NotFound(f"session {session.id} has no video (not started, or removed to keep the quota)")
+        return FileResponse(path, media_type="video/mp4", filename=f"worldrtc-{session.id}.mp4")
 
     @app.delete("/v1/sessions/{session_id}", response_model=SessionInfo)
     async def delete_session(session: Annotated[ServerSession, Depends(session_for)]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ import threading
 import time
 from collections import deque
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -56,6 +57,8 @@ from server.protocol import (
     parse_client_message,
 )
 from server.rate_limit import TokenBucket
+from server.recording import Recipe, SessionRecording
+from server.recording_store import RecordingStore
 from server.settings import Settings
 from server.timeline import TIMELINE_CHUNKS, SessionTimeline
 from server.video_track import PacedVideoTrack
@@ -107,6 +110,8 @@ class ServerSession:
         chunk_latent_frames: int | None = None,
         dispatch: DispatchPolicy | None = None,
         scene: str | None = None,
+        recordings: RecordingStore | None = None,
+        weights_digest: str = "",
     ) -> None:
         self.id = secrets.token_hex(8)
         self.token = secrets.token_urlsafe(24)
@@ -160,6 +165,8 @@ class ServerSession:
         self.chunks = 0
         self._frames_pushed = 0
         self.first_frame_s: float | None = None
+        self._recordings, self._weights_digest = recordings, weights_digest
+        self.recording: SessionRecording | None = None  # from the engine session's open
         self._closed = asyncio.Event()
         self._spawn(self._expire_if_no_offer(), "offer-timeout")
 
@@ -194,6 +201,13 @@ class ServerSession:
                 "controls": dict(self.controls),
             },
         }
+
+    def recording_record(self) -> dict[str, Any] | None:
+        """The recording's JSON (server/recording.py), None before generation starts."""
+        return None if self.recording is None else self.recording.record()
+
+    def video_path(self) -> Path | None:
+        return None if self.recording is None else self.recording.video_path
 
     def timeline_report(self, window_s: float | None = None) -> dict[str, Any]:
         """The recent stage timeline (server/timeline.py); empty until generation starts."""
@@ -274,6 +288,8 @@ class ServerSession:
         self._send(DoneMsg(code=code, reason=reason))
         if self.engine_session is not None:
             self.engine.close_session(self.engine_session)
+        if self.recording is not None:
+            await asyncio.to_thread(self.recording.close)  # the video's last frames, off the loop
         if self.track is not None:
             self.track.stop()
         current = asyncio.current_task()
@@ -361,6 +377,8 @@ class ServerSession:
         )
         self._open_t = time.monotonic()
         self._open_perf_t = time.perf_counter()  # the engine's clock: chunk stage times count from here
+        if self._recordings is not None:
+            self.recording = SessionRecording(self.id, self._recipe(), self._recordings)
         self.timeline = SessionTimeline(self._open_t, self._open_perf_t)
         try:
             self.engine_session = self.engine.open_session(
@@ -381,6 +399,21 @@ class ServerSession:
         self._spawn(self._send_stats(), "stats")
         if self.max_duration_s:
             self._spawn(self._expire(self.max_duration_s), "max-duration")
+
+    def _recipe(self) -> Recipe:
+        placement = self.engine.placement
+        return Recipe(
+            model=self.preset.name,
+            weights=self._weights_digest,
+            placement=placement.name,
+            placement_stages={s: [str(d) for d in placement.stage_devices(s)] for s in ("encode", "dit", "decode")},
+            intra_op_threads=placement.cpu_threads_per_worker,
+            seed=self.seed,
+            prompt=self.prompt,
+            fps=self.fps,
+            chunk_latent_frames=self.chunk_latent_frames,
+            image=self.image,
+        )
 
     def _on_message(self, data: str | bytes) -> None:
         if self.state not in ACTIVE:
@@ -420,7 +453,10 @@ class ServerSession:
         with self._lock:
             verdict = self.dispatch.poll(chunk_index, time.monotonic())
             if isinstance(verdict, StartNow):
-                return self._controls.sample()
+                control, reset = self._controls.sample()
+                if self.recording is not None:
+                    self.recording.control_taken(chunk_index, control, reset)
+                return control, reset
         return Hold(verdict.delay_s) if isinstance(verdict, StartLater) else None
 
     # ---- engine events (on the loop) ----
@@ -434,6 +470,8 @@ class ServerSession:
         first_frame = self._frames_pushed
         pacer = self.pacer
         pacer.push(out.frames, out.index, first_frame)
+        if self.recording is not None:
+            self.recording.frames(out.index, out.frames, out.last)
         self._frames_pushed += n
         # The pts this part's first frame will carry: every tick so far (repeats included) plus the
         # frames queued ahead of it. Exact unless the pacer later drops frames before it.

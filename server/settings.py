@@ -89,7 +89,13 @@ class Settings(BaseSettings):
     max_session_s: float | None = Field(default=None, ge=0)
     drain_timeout_s: float = Field(default=30.0, ge=0)
     stats_interval_s: float = 1.0
-    closed_session_keep_s: float = 60.0  # a closed session stays visible to GET this long
+    # A closed session stays listed this long, with its recording and video (server/recording.py):
+    # time enough to download them after the end.
+    closed_session_keep_s: float = 600.0
+    # Where sessions' videos are written (None: a temporary directory that goes with the server), and
+    # the most they may take there; the oldest finished video is removed first.
+    recordings_dir: str | None = None
+    recordings_quota_mib: int = Field(default=2048, ge=1)
 
     @property
     def kernels(self) -> KernelConfig:

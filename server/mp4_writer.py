@@ -1,4 +1,8 @@
-"""Writing uint8 RGB frames to an MP4 with PyAV (H.264 where available, MPEG-4 Part 2 otherwise)."""
+"""Writing uint8 RGB frames to an MP4 with PyAV (H.264 where available, MPEG-4 Part 2 otherwise).
+
+`fragmented`: a fragmented MP4 (an empty `moov` first, then a fragment per keyframe interval), which
+players can open while it is still being written: what a session's video download serves before
+the session ends."""
 
 from __future__ import annotations
 
@@ -12,10 +16,13 @@ import numpy as np
 
 
 class Mp4Writer:
-    def __init__(self, path: str | Path, width_px: int, height_px: int, fps: int, crf: int = 18) -> None:
+    def __init__(
+        self, path: str | Path, width_px: int, height_px: int, fps: int, crf: int = 18, fragmented: bool = False
+    ) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.path = Path(path)
-        self._container = av.open(str(path), mode="w")
+        options = {"movflags": "frag_keyframe+empty_moov+default_base_moof"} if fragmented else {}
+        self._container = av.open(str(path), mode="w", format="mp4", options=options)
         codec = "libx264" if "libx264" in av.codecs_available else "mpeg4"
         self._stream = cast(av.VideoStream, self._container.add_stream(codec, rate=Fraction(fps, 1)))
         self._stream.width = width_px
@@ -23,6 +30,8 @@ class Mp4Writer:
         self._stream.pix_fmt = "yuv420p"
         if codec == "libx264":
             self._stream.options = {"crf": str(crf), "preset": "veryfast"}
+        if fragmented:
+            self._stream.gop_size = fps  # a keyframe, so a fragment a reader can play, every second
         self.frames_written = 0
 
     def write(self, frames: np.ndarray) -> None:

@@ -1,0 +1,267 @@
+"""A session's recording: the recipe that regenerates it, the control each chunk's DiT consumed, and
+a digest of every chunk's frames as generated; beside it, the frames themselves as an MP4.
+
+Frames are deterministic for a model and its weights, the placement and intra-op thread count,
+the seed, the start image and the per-chunk controls (workers/determinism.py), so this JSON of a
+few kilobytes regenerates the session exactly: `python -m benchmarks.replay --recording REC.json`
+checks every chunk's digest. Prompt changes sent during a session take effect in the next one (the
+conditioning of a running session is fixed), so a recording holds the one prompt it ran with.
+
+The schema (`RECORDING_SCHEMA`, versioned):
+    schema, session_id, created (unix s), model, weights (workers/models/weights_digest.py),
+    placement {name, stages}, intra_op_threads, seed, prompt, fps, chunk_latent_frames,
+    image {sha256 of the fitted HxWx3 pixels, width, height, png (base64, while the session is listed)},
+    chunks [{index, keys, look [dx, dy] px, reset_pose, num_frames, frames_sha256}],
+    complete (every chunk's digest present), incomplete_reason, video {frames, bytes, complete, reason}
+
+Work off the event loop: the recorder thread hashes each chunk's frames and encodes them into the
+session's MP4 (a fragmented MP4, playable while it grows), fed through a bounded queue of frame
+parts. Overflow policy: when the queue is full (the thread fell behind), the part is not queued,
+the recording stops being complete from that chunk on (`incomplete_reason` says why) and the video
+ends there; the live stream never waits for the recording.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from server.mp4_writer import Mp4Writer
+from server.recording_store import RecordingStore
+from workers.controls import ChunkControl
+
+log = logging.getLogger("worldrtc.recording")
+
+RECORDING_SCHEMA = "worldrtc.recording/1"
+QUEUE_PARTS = 64  # frame parts waiting for the recorder thread: several chunks at any preset
+VIDEO_CRF = 16  # near-transparent H.264: the frames as generated, not as streamed
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What determines a session's frames, besides its per-chunk controls."""
+
+    model: str
+    weights: str
+    placement: str
+    placement_stages: dict[str, list[str]]
+    intra_op_threads: int
+    seed: int
+    prompt: str
+    fps: int
+    chunk_latent_frames: int
+    image: np.ndarray  # HxWx3 uint8, fitted to the model's resolution
+
+
+@dataclass
+class ChunkEntry:
+    index: int
+    keys: list[str]
+    look: list[float]
+    reset_pose: bool
+    num_frames: int = 0
+    frames_sha256: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "keys": self.keys,
+            "look": self.look,
+            "reset_pose": self.reset_pose,
+            "num_frames": self.num_frames,
+            "frames_sha256": self.frames_sha256,
+        }
+
+
+@dataclass
+class _Part:
+    index: int
+    frames: np.ndarray
+    last: bool
+
+
+@dataclass
+class _Video:
+    frames: int = 0
+    complete: bool = True
+    reason: str | None = None
+    writer: Mp4Writer | None = field(default=None, repr=False)
+
+
+class SessionRecording:
+    def __init__(self, session_id: str, recipe: Recipe, store: RecordingStore) -> None:
+        self.session_id, self.recipe, self.store = session_id, recipe, store
+        self.created = time.time()
+        self._lock = threading.Lock()  # chunks are added on the scheduler thread, read on the loop
+        self._chunks: dict[int, ChunkEntry] = {}
+        self._incomplete: str | None = None
+        self._incomplete_from: int | None = None  # the first chunk a part of which was not queued
+        self._pending: dict[int, list[np.ndarray]] = {}  # recorder thread only: its parts so far
+        h, w = recipe.image.shape[:2]
+        self.video_path = store.path_for(session_id)
+        self._video = _Video(writer=Mp4Writer(self.video_path, w, h, recipe.fps, crf=VIDEO_CRF, fragmented=True))
+        self._queue: queue.Queue[_Part | None] = queue.Queue(maxsize=QUEUE_PARTS)
+        self._thread = threading.Thread(target=self._run, name=f"recorder-{session_id}", daemon=True)
+        self._thread.start()
+
+    # ---- fed by the session ----
+
+    def control_taken(self, index: int, control: ChunkControl, reset_pose: bool) -> None:
+        """The control chunk `index` starts with, as the DiT will consume it (scheduler thread)."""
+        entry = ChunkEntry(index, sorted(control.keys), [control.look_dx_px, control.look_dy_px], reset_pose)
+        with self._lock:
+            self._chunks[index] = entry
+
+    def frames(self, index: int, frames: np.ndarray, last: bool) -> None:
+        """Part of chunk `index`'s frames, in order (loop thread; never blocks)."""
+        if self._incomplete is not None:
+            return
+        try:
+            self._queue.put_nowait(_Part(index, frames, last))
+        except queue.Full:
+            self._mark_incomplete(index, f"the recorder fell behind at chunk {index} (queue of {QUEUE_PARTS} parts)")
+
+    def close(self) -> None:
+        """Finish the video and stop the thread (blocks until the queued parts are written: call it
+        off the event loop)."""
+        if not self._thread.is_alive():
+            return
+        self._queue.put(None)
+        self._thread.join()
+
+    # ---- read ----
+
+    def record(self, with_image: bool = True) -> dict[str, Any]:
+        r = self.recipe
+        with self._lock:
+            chunks = [self._chunks[i].record() for i in sorted(self._chunks)]
+            incomplete = self._incomplete
+        done = [c for c in chunks if c["frames_sha256"] is not None]
+        image = {"sha256": image_digest(r.image), "width": int(r.image.shape[1]), "height": int(r.image.shape[0])}
+        if with_image:
+            image["png"] = base64.b64encode(png_bytes(r.image)).decode()
+        video = self._video
+        return {
+            "schema": RECORDING_SCHEMA,
+            "session_id": self.session_id,
+            "created": self.created,
+            "model": r.model,
+            "weights": r.weights,
+            "placement": {"name": r.placement, "stages": r.placement_stages},
+            "intra_op_threads": r.intra_op_threads,
+            "seed": r.seed,
+            "prompt": r.prompt,
+            "fps": r.fps,
+            "chunk_latent_frames": r.chunk_latent_frames,
+            "image": image,
+            # Only chunks whose frames were generated: a chunk started when the session closed has none.
+            "chunks": done,
+            "complete": incomplete is None,
+            "incomplete_reason": incomplete,
+            "video": {
+                "frames": video.frames,
+                "bytes": self.video_path.stat().st_size if self.video_path.exists() else 0,
+                "complete": video.complete,
+                "reason": video.reason,
+            },
+        }
+
+    # ---- the recorder thread ----
+
+    def _run(self) -> None:
+        while True:
+            part = self._queue.get()
+            if part is None:
+                break
+            with self._lock:
+                cut = self._incomplete_from
+            if cut is not None and part.index >= cut:  # a part of this chunk was lost: no digest from here
+                self._end_video(self._incomplete)
+                continue
+            self._pending.setdefault(part.index, []).append(part.frames)
+            if not part.last:
+                continue
+            # A whole chunk: its digest, and its frames into the video (the video and the recording
+            # hold the same chunks: one cut short by the session's end is in neither).
+            parts = self._pending.pop(part.index)
+            digest = hashlib.sha256()
+            for frames in parts:
+                digest.update(np.ascontiguousarray(frames).data)
+            with self._lock:
+                entry = self._chunks.get(part.index)
+                if entry is not None:
+                    entry.num_frames = sum(len(f) for f in parts)
+                    entry.frames_sha256 = digest.hexdigest()
+            for frames in parts:
+                self._write_video(frames)
+        self._end_video(None)
+
+    def _write_video(self, frames: np.ndarray) -> None:
+        video = self._video
+        if video.writer is None:
+            return
+        if not self.store.has_room(self.session_id):
+            self._end_video(f"the recording directory is full ({self.store.quota_bytes / 2**20:.0f} MiB quota)")
+            return
+        try:
+            video.writer.write(frames)
+            video.frames += len(frames)
+        except (OSError, ValueError) as exc:  # disk full, or the encoder gave up
+            self._end_video(f"writing the video failed: {exc}")
+
+    def _end_video(self, reason: str | None) -> None:
+        video = self._video
+        if video.writer is None:
+            return
+        writer, video.writer = video.writer, None
+        if reason is not None:
+            video.complete, video.reason = False, reason
+            log.warning("session %s: the video stops: %s", self.session_id, reason)
+        try:
+            writer.close()
+        except (OSError, ValueError) as exc:
+            video.complete, video.reason = False, f"finishing the video failed: {exc}"
+        self.store.finished(self.session_id)
+
+    def _mark_incomplete(self, index: int, reason: str) -> None:
+        with self._lock:
+            if self._incomplete is None:
+                self._incomplete, self._incomplete_from = reason, index
+        log.warning("session %s: recording incomplete: %s", self.session_id, reason)
+
+
+def png_bytes(image: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(image).save(out, format="PNG")
+    return out.getvalue()
+
+
+def image_digest(image: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(image).data).hexdigest()
+
+
+def frames_digest(frames: np.ndarray) -> str:
+    """A chunk's digest: sha256 of its frames, [T, H, W, 3] uint8 in C order (the replay computes the same)."""
+    return hashlib.sha256(np.ascontiguousarray(frames).data).hexdigest()
+
+
+def read_image_from(record: dict[str, Any]) -> np.ndarray:
+    """The recording's start image, checked against its digest."""
+    try:
+        data = base64.b64decode(record["image"]["png"])
+    except KeyError:
+        raise ValueError("the recording holds no start image (it is kept only while its session is listed)") from None
+    image = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    if image_digest(image) != record["image"]["sha256"]:
+        raise ValueError("the recording's start image does not match its digest")
+    return image
