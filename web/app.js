@@ -94,6 +94,8 @@
     seed: $("seed"),
     startBtn: $("start-btn"),
     stopBtn: $("stop-btn"),
+    downloadVideoBtn: $("download-video-btn"),
+    downloadRecordingBtn: $("download-recording-btn"),
     message: $("message"),
     panel: document.querySelector(".panel"),
     tokenDetails: $("token-details"),
@@ -129,6 +131,7 @@
   window.worldrtc = hook;
 
   let modelInfo = null; // GET /v1/model
+  let recorded = null; // { url, token, id } of the last session created: what the download buttons fetch
   let choice = null; // {scene: name} | {image: dataUrl, name}
   let current = null; // the live session (see newSession)
   let lastBody = null; // the create body of the last session, for reconnects
@@ -560,6 +563,8 @@
       // Behind a balancer the session lives on one node: its routes are the URLs the create returned.
       s.url = created.session_url || `/v1/sessions/${encodeURIComponent(s.id)}`;
       s.token = created.token || null;
+      recorded = { url: s.url, token: s.token, id: s.id };
+      updateControls();
       if (!alive(s)) {
         deleteSession(s); // stopped while the create request was in flight
         return;
@@ -1403,6 +1408,37 @@
     const busy = hook.state === "connecting" || hook.state === "streaming";
     el.startBtn.disabled = busy || !modelInfo || !choice;
     el.stopBtn.disabled = !busy;
+    el.downloadVideoBtn.disabled = !recorded;
+    el.downloadRecordingBtn.disabled = !recorded;
+  }
+
+  // ---- downloads: the last session's video and recording, during it and after (while it is listed) ----
+
+  async function download(what) {
+    if (!recorded) return;
+    const { url, token, id } = recorded;
+    const [path, name] = what === "video"
+      ? [`${url}/video.mp4`, `worldrtc-${id}.mp4`]
+      : [`${url}/recording`, `worldrtc-${id}.json`];
+    // fetch, not a plain link: the request may need the session's token.
+    const headers = token || apiToken ? { Authorization: `Bearer ${token || apiToken}` } : {};
+    try {
+      const resp = await fetch(path, { headers });
+      if (!resp.ok) {
+        const body = await resp.json().catch(() => null);
+        throw new Error((body && body.message) || `${resp.status} ${resp.statusText}`);
+      }
+      const blob = await resp.blob();
+      const link = document.createElement("a");
+      link.href = URL.createObjectURL(blob);
+      link.download = name;
+      document.body.appendChild(link);
+      link.click();
+      link.remove();
+      setTimeout(() => URL.revokeObjectURL(link.href), 10_000);
+    } catch (err) {
+      showMessage(`Could not download the ${what}: ${err.message}`, true);
+    }
   }
 
   const fmt = (v, digits) => (v === null || v === undefined || !Number.isFinite(v) ? "–" : v.toFixed(digits));
@@ -1461,6 +1497,8 @@
     el.videoBox.scrollIntoView({ block: "nearest" });
   });
   el.stopBtn.addEventListener("click", stop);
+  el.downloadVideoBtn.addEventListener("click", () => download("video"));
+  el.downloadRecordingBtn.addEventListener("click", () => download("recording"));
   el.overlayBtn.addEventListener("click", runAction);
   el.imageInput.addEventListener("change", () => {
     readImage(el.imageInput.files && el.imageInput.files[0]);

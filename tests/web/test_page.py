@@ -355,3 +355,24 @@ def test_the_controls_help_lists_what_the_model_accepts(browser: Any, server: Se
     assert "jump" in shown["label"] and "mouse" not in shown["label"] and "look up" not in shown["label"]
     page.context.close()
     no_page_errors(errors)
+
+
+def test_the_session_downloads_as_video_and_recording(browser: Any, server: ServerProcess, errors: list[str]) -> None:
+    page = open_page(browser, server, errors, accept_downloads=True)
+    assert page.locator("#download-video-btn").is_disabled()  # nothing generated yet
+    page.locator("#start-btn").click()
+    wait_streaming(page)
+    with page.expect_download() as got:
+        page.locator("#download-recording-btn").click()
+    record = json.loads(Path(got.value.path()).read_text())
+    assert record["schema"] == "worldrtc.recording/1" and record["session_id"] == hook(page)["sessionId"]
+    assert record["chunks"] and all(c["frames_sha256"] for c in record["chunks"])
+    page.locator("#stop-btn").click()
+    page.wait_for_function("() => window.worldrtc.state === 'closed'", timeout=5_000)
+    # After the session, while it is listed: the video of every chunk it generated.
+    with page.expect_download() as got:
+        page.locator("#download-video-btn").click()
+    assert got.value.suggested_filename.endswith(".mp4")
+    assert Path(got.value.path()).read_bytes()[4:8] == b"ftyp"
+    page.context.close()
+    no_page_errors(errors)
