@@ -11,7 +11,7 @@ The schema (`RECORDING_SCHEMA`, versioned):
     schema, session_id, created (unix s), model, weights (workers/models/weights_digest.py),
     placement {name, stages}, intra_op_threads, seed, prompt, fps, chunk_latent_frames,
     image {sha256 of the fitted HxWx3 pixels, width, height, png (base64, while the session is listed)},
-    chunks [{index, keys, look [dx, dy] px, reset_pose, num_frames, frames_sha256}],
+    chunks [{index, keys, look [dx, dy] px, reset_pose, frames_sha256}],
     complete (every chunk's digest present), incomplete_reason, video {frames, bytes, complete, reason}
 
 Work off the event loop: the recorder thread hashes each chunk's frames and encodes them into the
@@ -69,16 +69,16 @@ class ChunkEntry:
     keys: list[str]
     look: list[float]
     reset_pose: bool
-    num_frames: int = 0
     frames_sha256: str | None = None
 
     def record(self) -> dict[str, Any]:
+        # No frame count: the chunk geometry gives it (workers/chunk_geometry.py), and a minute of a
+        # session should stay within 10 kB.
         return {
             "index": self.index,
             "keys": self.keys,
-            "look": self.look,
+            "look": [_compact(v) for v in self.look],
             "reset_pose": self.reset_pose,
-            "num_frames": self.num_frames,
             "frames_sha256": self.frames_sha256,
         }
 
@@ -200,7 +200,6 @@ class SessionRecording:
             with self._lock:
                 entry = self._chunks.get(part.index)
                 if entry is not None:
-                    entry.num_frames = sum(len(f) for f in parts)
                     entry.frames_sha256 = digest.hexdigest()
             for frames in parts:
                 self._write_video(frames)
@@ -238,6 +237,10 @@ class SessionRecording:
             if self._incomplete is None:
                 self._incomplete, self._incomplete_from = reason, index
         log.warning("session %s: recording incomplete: %s", self.session_id, reason)
+
+
+def _compact(value: float) -> float | int:
+    return int(value) if float(value).is_integer() else value
 
 
 def png_bytes(image: np.ndarray) -> bytes:
