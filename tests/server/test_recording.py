@@ -4,6 +4,7 @@ session headless with every chunk's digest equal, and is refused on other weight
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -151,3 +152,26 @@ def test_a_recorder_that_falls_behind_says_so_and_never_blocks(tmp_path: Path, m
         rec.frames(index, frames, last=True)  # returns at once, full queue or not
     record = rec.record()
     assert not record["complete"] and "fell behind at chunk 2" in record["incomplete_reason"]
+
+
+def test_another_thread_count_or_placement_promises_the_tolerance_not_equal_digests(tmp_path: Path) -> None:
+    from benchmarks.recorded import Recorded
+    from workers.runtime.placement import PLACEMENTS
+
+    cpu = PLACEMENTS["cpu"]
+    data = {
+        "session_id": "s",
+        "intra_op_threads": cpu.cpu_threads_per_worker,
+        "placement": {"name": "cpu", "stages": {s: ["cpu"] for s in ("encode", "dit", "decode")}},
+        "chunks": [{"frames_sha256": "a"}, {"frames_sha256": "b"}],
+    }
+    recorded = Recorded(tmp_path / "rec.json", data, np.zeros((2, 2, 3), np.uint8))
+    assert recorded.placement() is cpu
+    same = recorded.verdict(["a", "b"], cpu)
+    assert same["ok"] and same["summary"] == "every chunk's digest equal (2 of 2)"
+    differs = recorded.verdict(["a", "x"], cpu)
+    assert not differs["ok"] and "1 of 2 chunk digests differ" in differs["summary"]
+    other = dataclasses.replace(cpu, cpu_threads_per_worker=cpu.cpu_threads_per_worker + 1)
+    elsewhere = recorded.verdict(["a", "x"], other)
+    assert elsewhere["ok"] and not elsewhere["equality_promised"]
+    assert "equal digests are not promised" in elsewhere["summary"] and "tolerance" in elsewhere["summary"]
