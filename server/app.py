@@ -125,7 +125,7 @@ class AppState:
         self.create_limiter = PerClientLimiter(settings.create_rate_per_min / 60, settings.create_burst)
         self._admitting = 0  # creates past the capacity check, still decoding their image
         self.reclaimer = MemoryReclaimer()
-        self.recordings = RecordingStore(settings.recordings_dir, settings.recordings_quota_mib * 2**20)
+        self.recordings = RecordingStore(settings.recordings_dir, int(settings.recordings_quota_mib * 2**20))
         # What recordings name the weights by (server/recording.py); read from the files while loading.
         self.weights_digest = SYNTHETIC if synthetic is not None else ""
 

@@ -210,7 +210,7 @@ class SessionRecording:
         if video.writer is None:
             return
         if not self.store.has_room(self.session_id):
-            self._end_video(f"the recording directory is full ({self.store.quota_bytes / 2**20:.0f} MiB quota)")
+            self._end_video(f"the recording directory is full ({self.store.quota_bytes / 2**20:g} MiB quota)")
             return
         try:
             video.writer.write(frames)

@@ -95,7 +95,7 @@ class Settings(BaseSettings):
     # Where sessions' videos are written (None: a temporary directory that goes with the server), and
     # the most they may take there; the oldest finished video is removed first.
     recordings_dir: str | None = None
-    recordings_quota_mib: int = Field(default=2048, ge=1)
+    recordings_quota_mib: float = Field(default=2048.0, gt=0)
 
     @property
     def kernels(self) -> KernelConfig:
