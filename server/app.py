@@ -452,6 +452,8 @@ def create_app(settings: Settings) -> FastAPI:
             "ice_servers": ice_servers_for(settings.ice_servers, settings.turn, session.id),
             "session_url": url,
             "offer_url": f"{url}/offer",
+            "recording_url": f"{url}/recording",
+            "video_url": f"{url}/video.mp4",
         }
 
     @app.get("/v1/sessions", dependencies=[Depends(require_token)])

@@ -256,6 +256,8 @@ class SessionInfo(BaseModel):
     # Only in the create response: where this session's routes live (the node that holds it).
     session_url: str | None = None
     offer_url: str | None = None
+    recording_url: str | None = None  # what regenerates the session (GET; server/recording.py)
+    video_url: str | None = None  # its frames as generated, an MP4 (GET)
     metrics: dict[str, Any] = Field(default_factory=dict)
     error: str | None = None
     ended: str | None = None  # the EndReason, once it has ended

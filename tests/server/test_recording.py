@@ -62,6 +62,8 @@ async def test_a_session_is_recorded_and_regenerates_exactly(server) -> None:
     client = Session(url, scene="main-street", prompt="a walk", seed=3, keep_frames=8)
     await client.start()
     sid = client.info["session_id"]
+    assert client.info["recording_url"].endswith(f"/v1/sessions/{sid}/recording")
+    assert client.info["video_url"].endswith(f"/v1/sessions/{sid}/video.mp4")
     try:
         await client.next_frame()
         seq = client.press("w")
