@@ -62,6 +62,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt", default="")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--token", default=None, help="API token, if the server requires one")
+    p.add_argument(
+        "--save-recordings",
+        type=Path,
+        default=None,
+        help="after each run, save every viewer's session recording here (regenerate: benchmarks.replay --recording)",
+    )
     p.add_argument("--out", type=Path, required=True)
     p.add_argument(
         "--timeline", type=picture_path, default=None, help="also draw each run's first viewer's timeline (.png/.svg)"
@@ -142,8 +148,9 @@ async def run_policy(args: argparse.Namespace, url: str, trace: Trace, policy: s
         finally:
             for c in clients:
                 await c.close()
+        recordings = [await _save_recording(args, http, c, policy, i) for i, c in enumerate(clients, 1)]
     viewers = []
-    for c, server, timeline in zip(clients, servers, timelines, strict=True):
+    for c, server, timeline, recording in zip(clients, servers, timelines, recordings, strict=True):
         ready = c.run.ready or {}
         fps = ready.get("fps", 16)
         # The first chunk is 3 frames short of the others (workers/chunk_geometry.py).
@@ -163,6 +170,7 @@ async def run_policy(args: argparse.Namespace, url: str, trace: Trace, policy: s
             "server_session": server,
             "server_stats_last": c.run.stats[-1] if c.run.stats else None,
             "timeline": timeline,  # the server's, for python -m benchmarks.timeline
+            "recording": recording,
         }
         viewers.append(report)
     return {
@@ -171,6 +179,32 @@ async def run_policy(args: argparse.Namespace, url: str, trace: Trace, policy: s
         "viewers": viewers,
         "engine": engine | {"event_loop_lag_p99_s": after.get("event_loop_lag_p99_s")},
         "wall_s": time.perf_counter() - t0,
+    }
+
+
+async def _save_recording(
+    args: argparse.Namespace, http: httpx.AsyncClient, client: Session, policy: str | None, viewer: int
+) -> dict[str, Any] | None:
+    """The ended session's recording, saved, with its size: the chunk entries per minute of video
+    (the start image aside, which a recording carries once)."""
+    if args.save_recordings is None or client.info is None:
+        return None
+    r = await http.get(f"/v1/sessions/{client.info['session_id']}/recording")
+    r.raise_for_status()
+    record = r.json()
+    path = args.save_recordings / f"{policy or 'default'}-viewer{viewer}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(r.text)
+    entries = len(json.dumps(record["chunks"], separators=(",", ":")))
+    frames = record["video"]["frames"]
+    minutes = frames / record["fps"] / 60 if frames else None
+    return {
+        "path": str(path),
+        "chunks": len(record["chunks"]),
+        "complete": record["complete"],
+        "bytes": len(r.content),
+        "chunk_bytes_per_minute": entries / minutes if minutes else None,
+        "video": record["video"],
     }
 
 
@@ -203,6 +237,14 @@ def headline(run: dict[str, Any]) -> list[str]:
             f"p95 {g['p95'] or 0:.2f} s; server repeats {v['server_frames_repeated']} drops "
             f"{v['server_frames_dropped']}"
         )
+        rec = v.get("recording")
+        if rec is not None:
+            per_min = rec["chunk_bytes_per_minute"] or 0.0
+            lines.append(
+                f"    recording: {rec['chunks']} chunks, complete {rec['complete']}, {rec['bytes'] / 1000:.1f} kB "
+                f"({per_min / 1000:.1f} kB a minute beside the start image), video {rec['video']['frames']} frames; "
+                f"{rec['path']}"
+            )
     return lines
 
 
