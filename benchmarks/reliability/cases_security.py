@@ -47,6 +47,8 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/v1/sessions"): API,
     ("GET", "/v1/sessions/{session_id}"): SESSION,
     ("GET", "/v1/sessions/{session_id}/timeline"): SESSION,
+    ("GET", "/v1/sessions/{session_id}/recording"): SESSION,
+    ("GET", "/v1/sessions/{session_id}/video.mp4"): SESSION,
     ("DELETE", "/v1/sessions/{session_id}"): SESSION,
     ("POST", "/v1/sessions/{session_id}/offer"): SESSION,
     ("POST", "/v1/whep"): API,
@@ -78,7 +80,7 @@ def _routes_of(settings: Settings) -> set[tuple[str, str]]:
 
 
 def _concrete(path: str, sid: str) -> str:
-    return path.replace("{session_id}", sid).replace("{name}", "main-street").replace("/static", "/static/app.js")
+    return path.replace("{session_id}", sid).replace("{name}", "main-street").replace("/static", "/static/js/main.js")
 
 
 def _body(method: str, path: str) -> dict[str, Any]:

@@ -14,6 +14,8 @@ and only the world model is not; `--max-sessions 1`, so a second session meets a
   accessible name, and at 200 % zoom the HUD and its stage timeline (key T) fit inside the video.
 - Controls help: built from what the served model accepts (GET /v1/model `accepts`), so a model
   without mouse look (Temple Run) offers no mouse, and keys a model ignores are not listed.
+- Client modules: every ES module under web/js is named by index.html and served with a JavaScript
+  type (browsers refuse to run a module script served as anything else).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ pytestmark = pytest.mark.browser
 sync_api = require_browser()
 
 STREAM_TIMEOUT_MS = 30_000
+WEB_MODULES = sorted((Path(__file__).resolve().parents[2] / "web" / "js").glob("*.js"))
 PYTHON_INTERNALS = re.compile(r"<[\w.]+ object at 0x|\b[A-Z]\w*(Error|Exception)\b|Traceback|BytesIO")
 
 
@@ -293,6 +296,19 @@ def test_keyboard_reaches_every_control_and_the_hud_reads_at_200_percent(
     no_page_errors(errors)
 
 
+def test_the_client_modules_are_served_as_javascript(server: ServerProcess) -> None:
+    page = httpx.get(server.url + "/").text
+    assert '<script type="module" src="/static/js/main.js">' in page
+    assert WEB_MODULES, "no modules under web/js"
+    for module in WEB_MODULES:
+        path = f"/static/js/{module.name}"
+        assert f'"{path}"' in page, f"index.html neither loads nor preloads {path}"
+        response = httpx.get(server.url + path)
+        assert response.status_code == 200, path
+        assert re.match(r"(text|application)/javascript\b", response.headers["content-type"]), response.headers
+        assert "innerHTML" not in response.text, path  # server strings go in as text
+
+
 # A Temple Run model's vocabulary, plus a meaning for a key it does not accept (which must not show).
 TEMPLERUN_ACCEPTS = {
     "keys": ["a", "d", "j", "l", "s", "w"],
@@ -323,7 +339,6 @@ def key_help(page: Any) -> dict[str, Any]:
 def test_the_controls_help_lists_what_the_model_accepts(browser: Any, server: ServerProcess, errors: list[str]) -> None:
     model = httpx.get(server.url + "/v1/model").json()
     accepts = model["accepts"]
-    assert "innerHTML" not in httpx.get(server.url + "/static/app.js").text  # server strings go in as text
     page = open_page(browser, server, errors, viewport={"width": 1280, "height": 800})
     shown = key_help(page)
     # One line per meaning, in the server's order, led by its key (then the arrow key aliasing it).

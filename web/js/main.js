@@ -1,0 +1,128 @@
+// worldrtc browser client: start a session, receive the generated world over WebRTC, steer it with
+// keys, mouse or touch over the "control" data channel, and show what the stream is doing in a HUD
+// (with a live stage timeline, key T).
+// Plain ES modules, no build step, no external requests; the control keys and limits come from the
+// server (GET /v1/model: `controls`, `limits`), so nothing here copies them.
+//
+// This entry module loads the model description and wires the page's forms and buttons to the
+// modules that do the work; the other modules only define things when they load, so everything the
+// page does starts from here, in one order:
+//   state.js     what the modules share: the live session, the model, the test hook
+//   dom.js       the page's elements
+//   api.js       REST calls, their errors and the API token
+//   session.js   a session's life: create, offer/answer, data channels, reconnect, teardown
+//   latency.js   frames, fps and glass-to-glass latency
+//   controls.js  keys, mouse look and touch, and every message sent on the control channel
+//   hud.js       the HUD's numbers, its stage timeline and the Controls help
+//   status.js    the state, overlay, message line and buttons
+//   scenes.js    the start image and the create body
+//   downloads.js the last session's video and recording
+
+import { ApiError, api, describeApiError, readApiToken, storeApiToken } from "./api.js";
+import { adoptControls, wireControls } from "./controls.js";
+import { el } from "./dom.js";
+import { wireDownloads } from "./downloads.js";
+import { renderHud, renderKeyHelp, wireHud } from "./hud.js";
+import { adoptLimits, createBody, renderScenes, wireStartImage } from "./scenes.js";
+import { start, stop, teardown } from "./session.js";
+import { app, hook } from "./state.js";
+import { setState, showMessage, showModel, updateControls } from "./status.js";
+
+app.apiToken = readApiToken();
+
+// ---------------------------------------------------------------- the model
+
+let modelRetryTimer = null;
+
+async function loadModel() {
+  clearTimeout(modelRetryTimer);
+  try {
+    app.modelInfo = await api("GET", "/v1/model");
+    adoptControls(app.modelInfo);
+    adoptLimits(app.modelInfo);
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 401) {
+      el.modelName.textContent = "this server needs an API token";
+      el.tokenDetails.open = true;
+      showMessage(`${describeApiError(err, "The server refused the request")} Enter the API token below.`, true);
+      el.apiToken.focus();
+      return; // retried when the token changes
+    }
+    const loading = err instanceof ApiError && (err.status === 503 || err.status === 0);
+    el.modelName.textContent = loading ? "waiting for the server…" : "model unavailable";
+    showMessage(`${describeApiError(err, "Could not load the model description")} Retrying…`, true);
+    clearTimeout(modelRetryTimer);
+    modelRetryTimer = setTimeout(loadModel, 2000);
+    return;
+  }
+  const info = app.modelInfo;
+  hook.model = info;
+  showModel(info.model, info.weights);
+  renderKeyHelp(info);
+  showPromptField(info.takes_prompt !== false);
+  renderScenes(info.scenes || []);
+  showMessage("", false);
+  updateControls();
+}
+
+// A model that conditions on the start image alone (Matrix-Game) reads no prompt: hide the field
+// rather than let a typed prompt look as if it did something.
+function showPromptField(takesPrompt) {
+  el.prompt.closest(".field").hidden = !takesPrompt;
+}
+
+// The overlay button's fix for the error it shows (hook.action, set by setState).
+function runAction() {
+  const action = hook.action;
+  if ((action === "reconnect" || action === "restart") && app.lastBody) {
+    start(app.lastBody, performance.now(), { isReconnect: action === "reconnect" });
+  } else if (action === "image") {
+    el.imageInput.click(); // a click handler may open the file picker
+  } else if (action === "scene") {
+    loadModel().then(() => {
+      const picked = el.scenes.querySelector(".scene[data-kind='scene'] input:checked");
+      if (picked) picked.focus();
+    });
+  } else if (action === "token") {
+    el.tokenDetails.open = true;
+    el.apiToken.focus();
+  }
+}
+
+// ---------------------------------------------------------------- wiring
+
+el.form.addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const clickedAt = performance.now();
+  let body;
+  try {
+    body = createBody();
+  } catch (err) {
+    showMessage(err.message, true);
+    return;
+  }
+  start(body, clickedAt);
+  el.videoBox.focus({ preventScroll: true }); // keys go to the world, not the form
+  // On a phone the form sits below the video: bring the world (and its touch controls) into view.
+  el.videoBox.scrollIntoView({ block: "nearest" });
+});
+el.stopBtn.addEventListener("click", stop);
+wireDownloads();
+el.overlayBtn.addEventListener("click", runAction);
+wireStartImage();
+wireControls();
+wireHud();
+window.addEventListener("pagehide", () => {
+  if (app.current && !app.current.closing) teardown(app.current, { sendStop: true });
+});
+
+el.apiToken.value = app.apiToken;
+el.apiToken.addEventListener("change", () => {
+  app.apiToken = el.apiToken.value.trim();
+  storeApiToken(app.apiToken);
+  if (!app.modelInfo) loadModel();
+});
+
+setInterval(renderHud, 250);
+setState("idle");
+loadModel();

@@ -1,0 +1,357 @@
+// A session's life: create it over REST, offer/answer the WebRTC connection, run its data channels,
+// read the server's messages, and end it (stop, done, lost, failed) with a retry when retrying can
+// help. Everything that can end a session goes through teardown(), so timers, the peer connection
+// and the server-side session (DELETE) are released exactly once.
+// Wire formats: server/protocol.py.
+
+import { ApiError, api, describeApiError, sentence, transient } from "./api.js";
+import { send, startLookLoop } from "./controls.js";
+import { el } from "./dom.js";
+import { onChunk, startFrameWatch } from "./latency.js";
+import { app, heldKeys, hook } from "./state.js";
+import { setState, showMessage, showModel, updateControls } from "./status.js";
+
+// ---- client timings (the server's limits arrive with GET /v1/model) ----
+const PING_INTERVAL_MS = 1000; // for the HUD's round-trip time only: the server watches the connection
+const LOST_GRACE_MS = 3000; // pc "disconnected"/"failed" this long counts as a lost connection
+const ICE_GATHER_TIMEOUT_MS = 5000; // no trickle: wait for gathering, but not forever
+const CONNECT_TIMEOUT_MS = 20000; // answer applied → control channel open (the server's ICE limit is 15 s)
+const FIRST_FRAME_TIMEOUT_MS = 90000; // channel open → first frame: model compute, generous for big models
+const RECONNECT_DELAYS_MS = [1000, 2000, 4000];
+const RECONNECT_RESET_AFTER_MS = 10000; // a session that streamed this long earns fresh reconnect attempts
+
+// What a person can do about an error the server reports by code (server/errors.py): permanent
+// errors offer a fix on the overlay's button; transient ones (busy, not ready, no network) are
+// retried with backoff instead.
+const FIX_FOR_CODE = { bad_image: "image", too_large: "image", unknown_scene: "scene", unauthorized: "token" };
+
+let reconnectAttempt = 0;
+let reconnectTimer = null;
+
+function newSession(body, startedAt) {
+  return {
+    body,
+    startedAt, // performance.now() of the Start click (first-frame time counts from here)
+    id: null,
+    url: null, // the session's REST resource, on the node that holds it (set with id)
+    token: null,
+    pc: null,
+    dc: null,
+    seq: 0,
+    closing: false,
+    done: null, // reason from the server's "done"
+    failed: null, // message of a session_failed error that came before "done"
+    firstFrameAt: null,
+    timers: { ping: null, firstFrame: null, lost: null, stats: null },
+    rvfcHandle: null,
+    rafHandle: null,
+    heldCodes: new Map(), // event.code → camera key
+    look: { dx: 0, dy: 0, lastSent: 0 },
+    probes: [], // key changes not yet applied: {seq, sentAt}
+    matched: [], // applied by a chunk that has arrived: {seq, sentAt, ptsStart, arrivedAt}
+    lastPts: null, // pts of the frame on screen
+    ptsImplausible: 0, // chunks whose pts_start could not be a frame in flight (see ptsPlausible)
+    rtpOrigin: null, // RTP timestamp of pts 0 (first frame of the session), when the browser exposes it
+    g2g: [],
+    frameTimes: [], // [time, frames] for the fps window
+    shownPts: [], // [pts, time] of recently presented frames, for chunks whose message comes after
+
+    lastPresented: null,
+    chunkArrivals: [],
+    statsBase: null, // getStats fallback
+  };
+}
+
+function resetStats() {
+  Object.assign(hook.stats, {
+    framesDisplayed: 0, fps: 0, firstFrameS: null,
+    g2gP50Ms: null, g2gLastMs: null, g2gSamples: 0, g2gMethod: null, g2gLog: [],
+    chunksReceived: 0, lastChunk: null, serverStats: null, rttMs: null, ptsAheadFrames: null,
+  });
+  hook.error = null;
+  el.hudError.textContent = "";
+}
+
+export async function start(body, startedAt, { isReconnect = false } = {}) {
+  clearTimeout(reconnectTimer);
+  reconnectTimer = null;
+  if (app.current) teardown(app.current, { sendStop: true });
+  const s = newSession(body, startedAt);
+  app.current = s;
+  app.lastBody = body;
+  if (!isReconnect) reconnectAttempt = 0;
+  resetStats();
+  setState("connecting", isReconnect ? "Reconnecting: starting a new session…" : "Starting a session…");
+  showMessage("", false);
+
+  try {
+    const created = await api("POST", "/v1/sessions", body);
+    s.id = created.session_id;
+    // Behind a balancer the session lives on one node: its routes are the URLs the create returned.
+    s.url = created.session_url || `/v1/sessions/${encodeURIComponent(s.id)}`;
+    s.token = created.token || null;
+    app.recorded = { url: s.url, token: s.token, id: s.id };
+    updateControls();
+    if (!alive(s)) {
+      deleteSession(s); // stopped while the create request was in flight
+      return;
+    }
+    hook.sessionId = s.id;
+    setState("connecting", "Connecting the video stream…");
+
+    // The create response carries STUN/TURN servers with TURN credentials minted for this session.
+    const iceServers = Array.isArray(created.ice_servers) ? created.ice_servers : await getIceServers();
+    if (!alive(s)) return;
+    const pc = new RTCPeerConnection({ iceServers });
+    s.pc = pc;
+    pc.addTransceiver("video", { direction: "recvonly" });
+    const dc = pc.createDataChannel("control", { ordered: true });
+    s.dc = dc;
+    wirePeer(s, pc);
+    wireChannel(s, dc, true);
+
+    await pc.setLocalDescription(await pc.createOffer());
+    await waitIceGathering(pc, ICE_GATHER_TIMEOUT_MS);
+    if (!alive(s)) return;
+    const local = pc.localDescription;
+    const answer = await api("POST", created.offer_url || `${s.url}/offer`,
+      { sdp: local.sdp, type: local.type }, s.token);
+    if (!alive(s)) return;
+    await pc.setRemoteDescription({ sdp: answer.sdp, type: answer.type || "answer" });
+    armFirstFrameTimer(s, CONNECT_TIMEOUT_MS, "No connection within 20 s. The network may block WebRTC " +
+      "(UDP), or the server may need a TURN server (GET /v1/ice-servers).");
+    startFrameWatch(s, () => setState("streaming", ""));
+    startLookLoop(s);
+  } catch (err) {
+    if (!alive(s)) return;
+    const text = describeApiError(err, "Could not start the session");
+    if (transient(err)) {
+      fail(s, text, { retry: true, code: err.code, retryAfterS: err.retryAfterS });
+      return;
+    }
+    const code = err instanceof ApiError ? err.code : null;
+    if (code === "unknown_scene") app.choice = null; // the list is stale: the fix reloads it
+    fail(s, text, { retry: false, code, action: FIX_FOR_CODE[code] || "reconnect" });
+  }
+}
+
+function armFirstFrameTimer(s, ms, text) {
+  clearTimeout(s.timers.firstFrame);
+  s.timers.firstFrame = setTimeout(function check() {
+    if (!alive(s) || s.firstFrameAt !== null) return;
+    // Hidden tabs present no frames, so the wait only counts while the page is visible.
+    if (document.hidden) s.timers.firstFrame = setTimeout(check, 1000);
+    else fail(s, text, { retry: false });
+  }, ms);
+}
+
+function alive(s) {
+  return s === app.current && !s.closing;
+}
+
+async function getIceServers() {
+  try {
+    const data = await api("GET", "/v1/ice-servers");
+    return Array.isArray(data && data.ice_servers) ? data.ice_servers : [];
+  } catch (_) {
+    return []; // loopback and LAN work without STUN/TURN
+  }
+}
+
+function waitIceGathering(pc, timeoutMs) {
+  if (pc.iceGatheringState === "complete") return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = () => {
+      clearTimeout(timer);
+      pc.removeEventListener("icegatheringstatechange", check);
+      pc.removeEventListener("icecandidate", onCandidate);
+      resolve();
+    };
+    const check = () => {
+      if (pc.iceGatheringState === "complete") done();
+    };
+    const onCandidate = (ev) => {
+      if (!ev.candidate) done(); // end-of-candidates
+    };
+    // Past the timeout, send what has been gathered: host candidates come first and are enough locally.
+    const timer = setTimeout(done, timeoutMs);
+    pc.addEventListener("icegatheringstatechange", check);
+    pc.addEventListener("icecandidate", onCandidate);
+  });
+}
+
+function wirePeer(s, pc) {
+  pc.ontrack = (ev) => {
+    if (s !== app.current) return;
+    const stream = ev.streams && ev.streams[0] ? ev.streams[0] : new MediaStream([ev.track]);
+    el.video.srcObject = stream;
+    const p = el.video.play();
+    if (p && p.catch) p.catch(() => {}); // muted autoplay is allowed; ignore interrupted play()
+  };
+  pc.ondatachannel = (ev) => wireChannel(s, ev.channel, false); // a server-opened "status" channel
+  pc.onconnectionstatechange = () => {
+    if (s !== app.current || s.closing) return;
+    const st = pc.connectionState;
+    if (st === "connected") {
+      clearTimeout(s.timers.lost);
+      s.timers.lost = null;
+      if (hook.state === "streaming") el.hudError.textContent = "";
+    } else if (st === "disconnected" || st === "failed") {
+      if (hook.state === "streaming") el.hudError.textContent = `Network ${st}; waiting up to 3 s…`;
+      if (!s.timers.lost) {
+        s.timers.lost = setTimeout(() => {
+          lost(s, `The connection to the server was lost (WebRTC ${pc.connectionState}).`);
+        }, LOST_GRACE_MS);
+      }
+    } else if (st === "closed") {
+      lost(s, "The connection to the server closed.");
+    }
+  };
+}
+
+function wireChannel(s, ch, isControl) {
+  ch.onmessage = (ev) => {
+    if (s !== app.current) return;
+    let msg;
+    try {
+      msg = JSON.parse(ev.data);
+    } catch (_) {
+      return;
+    }
+    onServerMessage(s, msg);
+  };
+  if (!isControl) return;
+  ch.onopen = () => {
+    if (s !== app.current) return;
+    armFirstFrameTimer(s, FIRST_FRAME_TIMEOUT_MS, "Connected, but the server sent no video within 90 s.");
+    // Keys pressed while connecting are sent as one state; then a ping every second for the RTT.
+    send(s, { type: "control_state", controls: heldKeys(s) });
+    s.timers.ping = setInterval(() => send(s, { type: "ping" }), PING_INTERVAL_MS);
+  };
+  ch.onclose = () => {
+    if (s !== app.current || s.closing) return;
+    if (s.done !== null) finish(s, s.done);
+    else lost(s, "The control channel closed unexpectedly.");
+  };
+}
+
+// The server may close a session on its own (done), or the network may drop it (lost).
+function finish(s, reason) {
+  if (s !== app.current) return;
+  teardown(s, { sendStop: false });
+  if (s.failed) {
+    hook.error = `The session failed: ${s.failed}`;
+    hook.errorCode = "session_failed";
+    setState("error", hook.error, "restart");
+  } else {
+    setState("closed", `The session ended: ${sentence(reason || "closed by the server")}`, "restart");
+  }
+}
+
+function lost(s, text) {
+  if (s !== app.current || s.closing) return;
+  const streamedLong = s.firstFrameAt !== null && performance.now() - s.firstFrameAt > RECONNECT_RESET_AFTER_MS;
+  if (streamedLong) reconnectAttempt = 0;
+  fail(s, text, { retry: s.firstFrameAt !== null });
+}
+
+// One place for a session's error: the overlay, with the button that can help (see FIX_FOR_CODE).
+function fail(s, text, { retry, code = null, action = "reconnect", retryAfterS = null }) {
+  if (s !== app.current) return;
+  teardown(s, { sendStop: true });
+  hook.error = text;
+  hook.errorCode = code;
+  if (retry && reconnectAttempt < RECONNECT_DELAYS_MS.length) {
+    const delay = Math.max(RECONNECT_DELAYS_MS[reconnectAttempt++], 1000 * (retryAfterS || 0));
+    reconnectTimer = setTimeout(() => {
+      reconnectTimer = null;
+      if (app.current === s && app.lastBody) start(app.lastBody, performance.now(), { isReconnect: true });
+    }, delay);
+    setState("error", `${text} Trying again in ${Math.round(delay / 1000)} s (new session)…`, null);
+  } else {
+    setState("error", text, action);
+  }
+}
+
+export function stop() {
+  clearTimeout(reconnectTimer);
+  reconnectTimer = null;
+  const s = app.current;
+  if (!s) return;
+  teardown(s, { sendStop: true });
+  setState("closed", "Stopped. Press Start to begin again.", null);
+}
+
+// Idempotent; leaves app.current pointing at s so late events from it are recognised and ignored.
+export function teardown(s, { sendStop }) {
+  if (s.closing) return;
+  if (sendStop) send(s, { type: "stop" });
+  s.closing = true;
+  for (const k of Object.keys(s.timers)) {
+    clearTimeout(s.timers[k]);
+    clearInterval(s.timers[k]);
+    s.timers[k] = null;
+  }
+  if (s.rvfcHandle !== null && el.video.cancelVideoFrameCallback) el.video.cancelVideoFrameCallback(s.rvfcHandle);
+  if (s.rafHandle !== null) cancelAnimationFrame(s.rafHandle);
+  s.heldCodes.clear();
+  if (s.dc) {
+    s.dc.onopen = s.dc.onclose = s.dc.onmessage = null;
+    try {
+      s.dc.close();
+    } catch (_) { /* already closed */ }
+  }
+  if (s.pc) {
+    s.pc.ontrack = s.pc.ondatachannel = s.pc.onconnectionstatechange = null;
+    try {
+      s.pc.close();
+    } catch (_) { /* already closed */ }
+  }
+  el.video.srcObject = null;
+  if (document.pointerLockElement) document.exitPointerLock();
+  deleteSession(s);
+}
+
+function deleteSession(s) {
+  if (!s.id || s.deleted) return;
+  s.deleted = true;
+  const headers = s.token ? { Authorization: `Bearer ${s.token}` } : {};
+  // keepalive lets the DELETE finish while the page unloads; 404 (already gone) is fine.
+  fetch(s.url, { method: "DELETE", headers, keepalive: true }).catch(() => {});
+}
+
+// ---------------------------------------------------------------- server messages
+
+function onServerMessage(s, msg) {
+  const info = app.modelInfo;
+  switch (msg.type) {
+    case "ready":
+      if (info) Object.assign(info, { width: msg.width, height: msg.height, fps: msg.fps });
+      showModel(msg.model, msg.weights || (info && info.weights));
+      break;
+    case "chunk":
+      onChunk(s, msg);
+      break;
+    case "stats":
+      hook.stats.serverStats = msg;
+      break;
+    case "pong":
+      if (typeof msg.t === "number") hook.stats.rttMs = performance.now() - msg.t;
+      break;
+    case "error":
+      if (msg.code === "session_failed") {
+        s.failed = sentence(msg.message || "the session failed"); // shown when its "done" comes
+      } else {
+        hook.error = `Server: ${sentence(msg.message || "error")}`;
+        hook.errorCode = msg.code || null;
+        el.hudError.textContent = hook.error;
+      }
+      break;
+    case "done":
+      s.done = msg.reason || "done";
+      finish(s, s.done);
+      break;
+    default:
+      break;
+  }
+}

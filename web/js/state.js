@@ -1,0 +1,53 @@
+// State that more than one module reads and changes: the live session, the model, the user's
+// choices, and the test hook. Modules cannot assign to one another's exported bindings, so what is
+// shared and mutable lives on these two objects, in one place, rather than in globals.
+
+// ---- test hook: read by tests/web/test_browser.py and tests/web/test_page.py, updated live ----
+export const hook = {
+  state: "idle", // idle | connecting | streaming | closed | error
+  sessionId: null,
+  error: null,
+  errorCode: null, // the server's code of the error shown (e.g. bad_image), null for client-side ones
+  action: null, // what the overlay button offers: reconnect | image | scene | token | null
+  model: null,
+  lastSeq: {}, // message type → seq of the last one sent (a chunk's applied_seq ≥ it: applied)
+  timeline: null, // the last GET …/timeline the HUD strip drew
+  touchUi: false,
+  stats: {
+    framesDisplayed: 0,
+    fps: 0,
+    firstFrameS: null,
+    g2gP50Ms: null,
+    g2gLastMs: null,
+    g2gSamples: 0,
+    g2gMethod: null, // "rtp-pts" or "next-frame" (see the latency comment in latency.js)
+    g2gLog: [],
+    chunksReceived: 0,
+    lastChunk: null,
+    serverStats: null,
+    rttMs: null,
+  },
+};
+window.worldrtc = hook;
+
+export const app = {
+  modelInfo: null, // GET /v1/model
+  recorded: null, // { url, token, id } of the last session created: what the download buttons fetch
+  choice: null, // {scene: name} | {image: dataUrl, name}
+  current: null, // the live session (see newSession in session.js)
+  lastBody: null, // the create body of the last session, for reconnects
+  // A server bound beyond loopback wants an API token on its REST routes. It comes from the form or
+  // from the page address (#token=…), and lives in sessionStorage (see readApiToken in api.js).
+  apiToken: "",
+};
+
+// True until the server says otherwise: the static help (and an older server) offer the mouse.
+export function lookAccepted() {
+  const accepts = app.modelInfo && app.modelInfo.accepts;
+  return !accepts || accepts.look !== false;
+}
+
+// The camera keys a session holds: keys, the stick and the turn buttons may hold the same one.
+export function heldKeys(s) {
+  return [...new Set(s.heldCodes.values())].sort();
+}

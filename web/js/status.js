@@ -1,0 +1,67 @@
+// Where things stand, as the page says it: the session state (HUD cell, overlay and its button),
+// the message under the form, the model line, and which buttons can be pressed. Every module that
+// changes the state goes through setState, so the overlay, the buttons and the hook never disagree.
+
+import { el } from "./dom.js";
+import { renderHud } from "./hud.js";
+import { app, hook, lookAccepted } from "./state.js";
+
+// What the overlay's button says for each fix it offers (see FIX_FOR_CODE in session.js).
+const ACTION_LABELS = {
+  reconnect: "Reconnect",
+  restart: "Start again",
+  image: "Choose another image",
+  scene: "Pick a scene",
+  token: "Enter the API token",
+};
+
+const STATE_TEXT = { idle: "idle", connecting: "connecting", streaming: "streaming", closed: "closed", error: "error" };
+
+export function showMessage(text, isError) {
+  el.message.textContent = text;
+  el.message.classList.toggle("error", Boolean(isError) && Boolean(text));
+}
+
+export function showModel(name, weights) {
+  const info = app.modelInfo;
+  const geo = info && info.width ? ` · ${info.width}×${info.height} @ ${info.fps} fps` : "";
+  el.modelName.textContent = `${name || "unknown model"}${geo}`;
+  if (weights) {
+    el.weightsNote.hidden = false;
+    el.weightsNote.textContent = weights;
+    el.weightsNote.classList.toggle("random", /random/i.test(weights));
+  } else {
+    el.weightsNote.hidden = true;
+  }
+}
+
+// `action` (closed and error states): what the overlay's button offers (ACTION_LABELS), or null.
+export function setState(state, text, action = null) {
+  hook.state = state;
+  el.hudState.textContent = STATE_TEXT[state] || state;
+  el.hudState.dataset.state = state;
+  el.videoBox.classList.toggle("streaming", state === "streaming");
+  el.videoBox.dataset.state = state;
+  const showOverlay = state !== "streaming";
+  el.overlay.hidden = !showOverlay;
+  el.overlay.classList.toggle("error", state === "error");
+  if (text !== undefined && text !== "") el.overlayText.textContent = text;
+  const restartable = action === "reconnect" || action === "restart";
+  hook.action = (state === "error" || state === "closed") && action && (app.lastBody || !restartable) ? action : null;
+  el.overlayBtn.hidden = hook.action === null;
+  if (hook.action) el.overlayBtn.textContent = ACTION_LABELS[hook.action];
+  el.lookBtn.hidden = state !== "streaming" || document.pointerLockElement === el.videoBox || hook.touchUi ||
+    !lookAccepted();
+  el.touchControls.hidden = !(hook.touchUi && state === "streaming");
+  if (state !== "streaming") el.hudError.textContent = ""; // the overlay says what happened
+  updateControls();
+  renderHud();
+}
+
+export function updateControls() {
+  const busy = hook.state === "connecting" || hook.state === "streaming";
+  el.startBtn.disabled = busy || !app.modelInfo || !app.choice;
+  el.stopBtn.disabled = !busy;
+  el.downloadVideoBtn.disabled = !app.recorded;
+  el.downloadRecordingBtn.disabled = !app.recorded;
+}
