@@ -208,6 +208,21 @@ class Session:
         """The session's recent stage timeline (REST sessions): `python -m benchmarks.timeline` draws it."""
         return await self._get_own("/timeline")
 
+    async def recording(self) -> dict[str, Any]:
+        """What regenerates the session so far (REST sessions): `python -m benchmarks.replay
+        --recording` checks it. After `close()` it stays at `info["recording_url"]` while listed."""
+        return await self._get_own("/recording")
+
+    async def save_video(self, path: str) -> int:
+        """The frames generated so far, as generated, into an MP4 at `path`; returns its bytes."""
+        assert self.info is not None and "session_id" in self.info, "a WHEP session has no REST record"
+        r = await self.http.get(self._session_url() + "/video.mp4")
+        if r.status_code != 200:
+            raise _error(r)
+        with open(path, "wb") as f:
+            f.write(r.content)
+        return len(r.content)
+
     async def _get_own(self, suffix: str) -> dict[str, Any]:
         assert self.info is not None and "session_id" in self.info, "a WHEP session has no REST record"
         r = await self.http.get(self._session_url() + suffix)

@@ -76,13 +76,11 @@ async def test_a_session_is_recorded_and_regenerates_exactly(server) -> None:
         seq = client.reset_pose()
         await wait_until_async(lambda: _applied(client, seq), WAIT_S, "the pose reset")
         await wait_until_async(lambda: len(client.run.chunks) >= 6, WAIT_S, "six chunks")
-        # During the session: the recording so far, and a video that already plays.
-        async with httpx.AsyncClient(base_url=url) as http:
-            live = (await http.get(f"/v1/sessions/{sid}/recording")).json()
-            video = await http.get(f"/v1/sessions/{sid}/video.mp4")
+        # During the session, through the Python client: the recording so far, and a video that plays.
+        live = await client.recording()
         assert live["schema"] == RECORDING_SCHEMA and len(live["chunks"]) >= 1
-        assert video.status_code == 200 and video.headers["content-type"] == "video/mp4"
-        assert _video_frames(video.content, tmp / "live.mp4", growing=True) >= 1
+        size = await client.save_video(str(tmp / "live.mp4"))
+        assert size > 0 and _video_frames((tmp / "live.mp4").read_bytes(), tmp / "live.mp4", growing=True) >= 1
     finally:
         await client.close()
 
