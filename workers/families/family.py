@@ -72,7 +72,7 @@ class ChunkDenoiser(Protocol):
 
 
 @dataclass(frozen=True)
-class SessionState:
+class SessionStateBytes:
     """Bytes a DiT session keeps between chunks that grow with the model: the memory plan's figures."""
 
     kv_cache_bytes: int  # every cache's window (self-attention, and a family's own caches)
@@ -142,7 +142,7 @@ class ModelFamily(ABC):
     ) -> ChunkDenoiser: ...
 
     @abstractmethod
-    def session_state(self, preset: ModelPreset, dtype: torch.dtype) -> SessionState:
+    def session_state_bytes(self, preset: ModelPreset, dtype: torch.dtype) -> SessionStateBytes:
         """All ranks together: the memory plan gives each DiT rank its share of the KV cache."""
 
     @abstractmethod

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from workers.families.family import ControlTrack, ModelFamily, SessionState
+from workers.families.family import ControlTrack, ModelFamily, SessionStateBytes
 from workers.models import components
 from workers.models.camera import CameraTrack
 from workers.models.configs import Family
@@ -96,13 +96,13 @@ class LingBotWorld(ModelFamily):
         assert isinstance(dit, WanDiT)
         return DenoiseSession(dit, preset, [context], seed, chunk_latent_frames, sp)
 
-    def session_state(self, preset: ModelPreset, dtype: torch.dtype) -> SessionState:
+    def session_state_bytes(self, preset: ModelPreset, dtype: torch.dtype) -> SessionStateBytes:
         cfg = preset.dit
         size = torch.empty((), dtype=dtype).element_size()
         window = cfg.local_attn_size_frames if cfg.local_attn_size_frames != -1 else 2 * preset.chunk_latent_frames
         kv = cfg.num_layers * 2 * window * preset.tokens_per_latent_frame * cfg.dim * size
         text = cfg.num_layers * 2 * cfg.text_len * cfg.dim * size
-        return SessionState(kv_cache_bytes=kv, context_kv_bytes=text)
+        return SessionStateBytes(kv_cache_bytes=kv, context_kv_bytes=text)
 
     def one_layer(self, preset: ModelPreset) -> ModelPreset:
         return dataclasses.replace(preset, dit=dataclasses.replace(preset.dit, num_layers=1))

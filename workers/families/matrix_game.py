@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from workers.families.family import ControlTrack, ModelFamily, SessionState
+from workers.families.family import ControlTrack, ModelFamily, SessionStateBytes
 from workers.models import loading
 from workers.models.clip import CLIPVisionTower, preprocess, tower_name
 from workers.models.components import SEED_OFFSETS, Precision, materialize
@@ -161,13 +161,13 @@ class MatrixGame(ModelFamily):
         assert isinstance(dit, MatrixGameDiT)
         return ActionDenoiseSession(dit, preset, context, seed, chunk_latent_frames)
 
-    def session_state(self, preset: ModelPreset, dtype: torch.dtype) -> SessionState:
+    def session_state_bytes(self, preset: ModelPreset, dtype: torch.dtype) -> SessionStateBytes:
         model = variant(preset).model
         with torch.device("meta"):  # shapes only: the caches' own arithmetic, no memory
             cache = MatrixGameCache(model, 1, preset.tokens_per_latent_frame, dtype, torch.device("meta"))
         size = torch.empty((), dtype=dtype).element_size()
         image_kv = model.num_layers * 2 * model.image_tokens * model.dim * size
-        return SessionState(kv_cache_bytes=cache.nbytes(), context_kv_bytes=image_kv)
+        return SessionStateBytes(kv_cache_bytes=cache.nbytes(), context_kv_bytes=image_kv)
 
     def one_layer(self, preset: ModelPreset) -> ModelPreset:
         # One block, with its action module: the largest block's activations.

@@ -10,7 +10,7 @@ The chunk and session figures come from running the real stage code on `meta` un
 (workers/models/live_bytes.py), not from formulas, so they follow the code as it changes. Two
 shortcuts keep a trace of the 14B model within seconds: a DiT of one block (the family's largest
 kind, `ModelFamily.one_layer`) is traced, and the full model's session state (caches and context
-K/V) is computed exactly from their shapes (`ModelFamily.session_state`); and unless the attention
+K/V) is computed exactly from their shapes (`ModelFamily.session_state_bytes`). And unless the attention
 backend is `math`, attention is traced by a stand-in that allocates what a FlashAttention-class
 kernel does (its output and a float32 log-sum-exp per query), since on `meta` PyTorch would pick
 the math kernel and count an L × L score matrix that flash kernels never build.
@@ -104,7 +104,7 @@ def dit_footprint(preset: ModelPreset, dtype: torch.dtype, math_attention: bool 
             if "attention" in vars(module):  # self, cross and action attention (kernels.apply_attention)
                 vars(module)["attention"] = _flash_stand_in
     chunk = preset.chunk_latent_frames
-    traced, full = family.session_state(one_layer, dtype), family.session_state(preset, dtype)
+    traced, full = family.session_state_bytes(one_layer, dtype), family.session_state_bytes(preset, dtype)
     window = preset.dit.local_attn_size_frames if preset.dit.local_attn_size_frames != -1 else 2 * chunk
 
     opened = LiveBytes()
