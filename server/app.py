@@ -218,7 +218,7 @@ class AppState:
             chunk_latent_frames=body.chunk_frames,
             dispatch=body.dispatch,
             scene=scene,
-            recordings=self.recordings,
+            recordings=self.recordings if settings.record else None,
             weights_digest=self.weights_digest,
         )
         self.sessions[session.id] = session
@@ -475,6 +475,8 @@ def create_app(settings: Settings) -> FastAPI:
     @app.get("/v1/sessions/{session_id}/recording")
     async def get_recording(session: Annotated[ServerSession, Depends(session_for)]) -> Response:
         """What regenerates the session (server/recording.py): `python -m benchmarks.replay --recording`."""
+        if not settings.record:
+            raise NotFound("this server keeps no recordings (WORLDRTC_RECORD=false)")
         record = session.recording_record()
         if record is None:
             raise Conflict(f"session {session.id} has not started generating; it has nothing recorded yet")
@@ -485,6 +487,8 @@ def create_app(settings: Settings) -> FastAPI:
     @app.get("/v1/sessions/{session_id}/video.mp4")
     async def get_video(session: Annotated[ServerSession, Depends(session_for)]) -> FileResponse:
         """The frames as generated (not as streamed), as an MP4 that plays while the session runs."""
+        if not settings.record:
+            raise NotFound("this server keeps no recordings (WORLDRTC_RECORD=false)")
         path = session.video_path()
         if path is None or not path.is_file():
             raise NotFound(f"session {session.id} has no video (not started, or removed to keep the quota)")

@@ -41,6 +41,13 @@ def _find_trim() -> Callable[[int], int] | None:
 _TRIM = _find_trim()
 
 
+def trim_heap() -> None:
+    """Hand the allocator's free pages back to the OS (glibc; elsewhere nothing). Blocking, a few ms:
+    call it off the event loop."""
+    if _TRIM is not None:
+        _TRIM(0)
+
+
 def freeze_startup_objects() -> None:
     """Set aside what lives as long as the process, so later collections skip it. Call once."""
     gc.collect()
@@ -69,5 +76,4 @@ class MemoryReclaimer:
         self._pending = None  # sessions closing from here on need the next collection
         self._last_t = time.monotonic()
         gc.collect()
-        if _TRIM is not None:
-            await asyncio.to_thread(_TRIM, 0)
+        await asyncio.to_thread(trim_heap)

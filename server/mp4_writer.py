@@ -17,7 +17,14 @@ import numpy as np
 
 class Mp4Writer:
     def __init__(
-        self, path: str | Path, width_px: int, height_px: int, fps: int, crf: int = 18, fragmented: bool = False
+        self,
+        path: str | Path,
+        width_px: int,
+        height_px: int,
+        fps: int,
+        crf: int = 18,
+        fragmented: bool = False,
+        threads: int | None = None,
     ) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.path = Path(path)
@@ -32,6 +39,8 @@ class Mp4Writer:
             self._stream.options = {"crf": str(crf), "preset": "veryfast"}
         if fragmented:
             self._stream.gop_size = fps  # a keyframe, so a fragment a reader can play, every second
+        if threads is not None:
+            self._stream.codec_context.thread_count = threads
         self.frames_written = 0
 
     def write(self, frames: np.ndarray) -> None:

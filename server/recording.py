@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from server.memory import trim_heap
 from server.mp4_writer import Mp4Writer
 from server.recording_store import RecordingStore
 from workers.controls import ChunkControl
@@ -109,7 +110,10 @@ class SessionRecording:
         self._pending: dict[int, list[np.ndarray]] = {}  # recorder thread only: its parts so far
         h, w = recipe.image.shape[:2]
         self.video_path = store.path_for(session_id)
-        self._video = _Video(writer=Mp4Writer(self.video_path, w, h, recipe.fps, crf=VIDEO_CRF, fragmented=True))
+        # One encoder thread: the recorder is one thread beside the workers, and x264's frame threads
+        # would take cores from them and warm up tens of MB of buffers per session.
+        writer = Mp4Writer(self.video_path, w, h, recipe.fps, crf=VIDEO_CRF, fragmented=True, threads=1)
+        self._video = _Video(writer=writer)
         self._queue: queue.Queue[_Part | None] = queue.Queue(maxsize=QUEUE_PARTS)
         self._thread = threading.Thread(target=self._run, name=f"recorder-{session_id}", daemon=True)
         self._thread.start()
@@ -203,6 +207,10 @@ class SessionRecording:
                     entry.frames_sha256 = digest.hexdigest()
             for frames in parts:
                 self._write_video(frames)
+            del parts, frames
+            # The frames and the encoder's scratch were freed on this thread, into its own arena,
+            # which glibc keeps: trimmed here, a session's recording leaves the server's RSS flat.
+            trim_heap()
         self._end_video(None)
 
     def _write_video(self, frames: np.ndarray) -> None:

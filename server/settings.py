@@ -94,6 +94,7 @@ class Settings(BaseSettings):
     closed_session_keep_s: float = 600.0
     # Where sessions' videos are written (None: a temporary directory that goes with the server), and
     # the most they may take there; the oldest finished video is removed first.
+    record: bool = True  # keep each session's recording and video (server/recording.py)
     recordings_dir: str | None = None
     recordings_quota_mib: float = Field(default=2048.0, gt=0)
 

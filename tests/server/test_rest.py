@@ -106,6 +106,9 @@ def test_session_lifecycle(client: TestClient) -> None:
     assert sid in [s["session_id"] for s in client.get("/v1/sessions").json()["sessions"]]
     got = client.get(f"/v1/sessions/{sid}").json()
     assert got["state"] == "created" and got["token"] is None  # the token is shown once
+    # Nothing generated before an offer: nothing recorded yet, and no video.
+    assert_error(client.get(f"/v1/sessions/{sid}/recording"), 409, "conflict", "nothing recorded yet")
+    assert_error(client.get(f"/v1/sessions/{sid}/video.mp4"), 404, "not_found", "has no video")
     r = client.post("/v1/sessions", json={"image": png_data_url()})
     assert r.status_code == 201
     deleted = client.delete(f"/v1/sessions/{sid}").json()
