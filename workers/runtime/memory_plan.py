@@ -177,7 +177,8 @@ def plan_memory(
 
     # Encode: the VAE and the context encoder (umT5 or CLIP); per session the encoder caches plus the
     # condition stream's snapshot of them and its last condition (how it detects its fixed point,
-    # workers/stages/condition.py).
+    # workers/stages/condition.py). Counted as a session starts: at the fixed point, some chunks in,
+    # the caches and snapshot go and only the condition stays.
     dev = stage_devices[Stage.ENCODE][0]
     prec = Precision.for_device(torch.device(dev))
     enc, _ = vae_footprints(preset, prec.vae)
