@@ -28,7 +28,7 @@ import torch.nn as nn
 from workers.families.family import ControlTrack, ModelFamily, SessionStateBytes
 from workers.models import loading
 from workers.models.clip import CLIPVisionTower, preprocess, tower_name
-from workers.models.components import SEED_OFFSETS, Precision, materialize
+from workers.models.components import Precision, load_component
 from workers.models.configs import CLIPVisionConfig, Family
 from workers.models.diffusers_layout import NameTable, Rename
 from workers.models.kernels import DEFAULT_KERNELS, KernelConfig, apply_attention
@@ -104,25 +104,39 @@ class MatrixGame(ModelFamily):
         weights_seed: int = 0,
         kernels: KernelConfig | None = None,
     ) -> nn.Module:
-        checkpoint_dir = loading.checkpoint_dir_for(preset, checkpoint_dir)
-        source = None if checkpoint_dir is None else dit_source(preset, checkpoint_dir)
-        dtype = Precision.for_device(device).dit
-        seed = weights_seed + SEED_OFFSETS["dit"]
         kernels = kernels or DEFAULT_KERNELS
         if kernels.compile:
             raise ValueError(f"{preset.name}: compile is implemented for the LingBot-World DiT only")
-        dit = materialize("DiT", self.build_dit(preset), dtype, device, source, seed)
+        dtype = Precision.for_device(device).dit
+        dit = load_component(
+            "DiT",
+            self.build_dit(preset),
+            preset,
+            device,
+            checkpoint_dir,
+            lambda directory: dit_source(preset, directory),
+            dtype,
+            "dit",
+            weights_seed,
+        )
         return apply_attention(dit, kernels, device)
 
     def load_context_encoder(
         self, preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, weights_seed: int = 0
     ) -> ImageTokenEncoder:
         config = variant(preset).clip
-        checkpoint_dir = loading.checkpoint_dir_for(preset, checkpoint_dir)
-        source = None if checkpoint_dir is None else clip_source(preset, checkpoint_dir)
         dtype = Precision.for_device(device).context
-        seed = weights_seed + SEED_OFFSETS["context"]
-        tower = materialize("CLIP", lambda: CLIPVisionTower(config), dtype, device, source, seed)
+        tower = load_component(
+            "CLIP",
+            lambda: CLIPVisionTower(config),
+            preset,
+            device,
+            checkpoint_dir,
+            lambda directory: clip_source(preset, directory),
+            dtype,
+            "context",
+            weights_seed,
+        )
         return ImageTokenEncoder(tower, config)  # type: ignore[arg-type]
 
     def context_shape(self, preset: ModelPreset) -> tuple[int, int]:
@@ -182,13 +196,7 @@ class MatrixGame(ModelFamily):
             "vae": lambda: loading.vae_source(checkpoint_dir, preset.vae),
             "clip": lambda: clip_source(preset, checkpoint_dir),
         }
-        results: dict[str, loading.KeyReport | str] = {}
-        for name, source in sources.items():
-            try:
-                results[name] = loading.check_source(meta[name], source())
-            except (OSError, ValueError, RuntimeError) as exc:  # missing, corrupt or truncated files
-                results[name] = str(exc)
-        return results
+        return loading.check_sources(meta, sources)
 
 
 MATRIX_GAME = MatrixGame()

@@ -78,6 +78,24 @@ def materialize(
 SEED_OFFSETS = {"dit": 0, "vae": 1, "context": 2}
 
 
+def load_component(
+    component: str,
+    factory: Callable[[], nn.Module],
+    preset: ModelPreset,
+    device: torch.device,
+    checkpoint_dir: Path | None,
+    source_of: Callable[[Path], loading.TensorSource],
+    dtype: torch.dtype,
+    seed_key: str,
+    weights_seed: int,
+) -> nn.Module:
+    """One component (of any family) strictly loaded from the preset's checkpoint directory (the given
+    one, else its bundled weights), or with seeded random weights without one."""
+    directory = loading.checkpoint_dir_for(preset, checkpoint_dir)
+    source = None if directory is None else source_of(directory)
+    return materialize(component, factory, dtype, device, source, weights_seed + SEED_OFFSETS[seed_key])
+
+
 def load_dit(
     preset: ModelPreset,
     device: torch.device,
@@ -86,30 +104,55 @@ def load_dit(
     dtype: torch.dtype | None = None,
 ) -> WanDiT:
     """The DiT in `dtype` (default: the device's precision policy)."""
-    checkpoint_dir = loading.checkpoint_dir_for(preset, checkpoint_dir)
-    source = None if checkpoint_dir is None else loading.dit_source(checkpoint_dir)
     dtype = Precision.for_device(device).dit if dtype is None else dtype
-    seed = weights_seed + SEED_OFFSETS["dit"]
-    return materialize("DiT", lambda: WanDiT(preset.dit), dtype, device, source, seed)  # type: ignore[return-value]
+    dit = load_component(
+        "DiT",
+        lambda: WanDiT(preset.dit),
+        preset,
+        device,
+        checkpoint_dir,
+        loading.dit_source,
+        dtype,
+        "dit",
+        weights_seed,
+    )
+    return dit  # type: ignore[return-value]
 
 
 def load_vae(preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, weights_seed: int = 0) -> WanVAE:
-    checkpoint_dir = loading.checkpoint_dir_for(preset, checkpoint_dir)
-    source = None if checkpoint_dir is None else loading.vae_source(checkpoint_dir, preset.vae)
     dtype = Precision.for_device(device).vae
-    seed = weights_seed + SEED_OFFSETS["vae"]
-    return materialize("VAE", lambda: WanVAE(preset.vae), dtype, device, source, seed)  # type: ignore[return-value]
+    vae = load_component(
+        "VAE",
+        lambda: WanVAE(preset.vae),
+        preset,
+        device,
+        checkpoint_dir,
+        lambda directory: loading.vae_source(directory, preset.vae),
+        dtype,
+        "vae",
+        weights_seed,
+    )
+    return vae  # type: ignore[return-value]
 
 
 def load_text_encoder(
     preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, weights_seed: int = 0
 ) -> TextEncoder:
-    checkpoint_dir = loading.checkpoint_dir_for(preset, checkpoint_dir)
-    source = None if checkpoint_dir is None else loading.text_encoder_source(checkpoint_dir)
+    config = text_config(preset)
     dtype = Precision.for_device(device).context
-    seed = weights_seed + SEED_OFFSETS["context"]
-    model = materialize("umT5", lambda: UMT5Encoder(text_config(preset)), dtype, device, source, seed)
-    return TextEncoder(model, load_tokenizer(text_config(preset), checkpoint_dir))  # type: ignore[arg-type]
+    model = load_component(
+        "umT5",
+        lambda: UMT5Encoder(config),
+        preset,
+        device,
+        checkpoint_dir,
+        loading.text_encoder_source,
+        dtype,
+        "context",
+        weights_seed,
+    )
+    tokenizer = load_tokenizer(config, loading.checkpoint_dir_for(preset, checkpoint_dir))
+    return TextEncoder(model, tokenizer)  # type: ignore[arg-type]
 
 
 def verify_checkpoint(preset: ModelPreset, checkpoint_dir: Path) -> dict[str, loading.KeyReport | str]:
@@ -126,11 +169,7 @@ def verify_checkpoint(preset: ModelPreset, checkpoint_dir: Path) -> dict[str, lo
         "vae": lambda: loading.vae_source(checkpoint_dir, preset.vae),
         "t5": lambda: loading.text_encoder_source(checkpoint_dir),
     }
-    for name, source in sources.items():
-        try:
-            results[name] = loading.check_source(meta[name], source())
-        except (OSError, ValueError, RuntimeError) as exc:  # missing, corrupt or truncated files
-            results[name] = str(exc)
+    results |= loading.check_sources(meta, sources)
     tok = tokenizer_path(checkpoint_dir)
     if text_config(preset).tokenizer == "umt5" and not tok.is_file():
         results["tokenizer"] = f"missing {tok}"

@@ -446,6 +446,19 @@ def check_source(module: nn.Module, source: TensorSource) -> KeyReport:
     return compare_shapes(state_shapes(module), source.shapes(), stored_as)
 
 
+def check_sources(
+    modules: Mapping[str, nn.Module], sources: Mapping[str, Callable[[], TensorSource]]
+) -> dict[str, KeyReport | str]:
+    """`check_source` per component; a component whose files cannot be opened or read gets the reason."""
+    results: dict[str, KeyReport | str] = {}
+    for name, source in sources.items():
+        try:
+            results[name] = check_source(modules[name], source())
+        except (OSError, ValueError, RuntimeError) as exc:  # missing, corrupt or truncated files
+            results[name] = str(exc)
+    return results
+
+
 def _to_target(source: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A fresh tensor in `dtype` on `device`. The cast happens on the host, so the device only ever
     holds final weights; integer and bool tensors keep their dtype (a cast would corrupt them)."""
