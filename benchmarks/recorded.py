@@ -57,8 +57,7 @@ class Recorded:
         """The recorded placement: by name where this build has it with the same devices, else as recorded."""
         recorded = self.data["placement"]
         named = PLACEMENTS.get(recorded["name"])
-        stages = {s: [str(d) for d in named.stage_devices(s)] for s in ("encode", "dit", "decode")} if named else None
-        if named is not None and stages == recorded["stages"]:
+        if named is not None and named.stage_record() == recorded["stages"]:
             return named
         threads = self.data["intra_op_threads"]
         return Placement.from_dict({"name": recorded["name"], **recorded["stages"], "cpu_threads_per_worker": threads})
@@ -88,7 +87,7 @@ class Recorded:
         recorded = [c["frames_sha256"] for c in self.chunks]
         equal = sum(a == b for a, b in zip(recorded, digests, strict=False))
         same_threads = placement.cpu_threads_per_worker == self.data["intra_op_threads"]
-        stages = {s: [str(d) for d in placement.stage_devices(s)] for s in ("encode", "dit", "decode")}
+        stages = placement.stage_record()
         same_placement = stages == self.data["placement"]["stages"]
         promised = same_threads and same_placement
         if promised:

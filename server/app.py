@@ -477,7 +477,7 @@ def create_app(settings: Settings) -> FastAPI:
         """What regenerates the session (server/recording.py): `python -m benchmarks.replay --recording`."""
         if not settings.record:
             raise NotFound("this server keeps no recordings (WORLDRTC_RECORD=false)")
-        record = session.recording_record()
+        record = await asyncio.to_thread(session.recording_record)  # encodes the start image, off the loop
         if record is None:
             raise Conflict(f"session {session.id} has not started generating; it has nothing recorded yet")
         body = json.dumps(record, separators=(",", ":"))

@@ -24,6 +24,7 @@ ends there; the live stream never waits for the recording.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import io
 import logging
@@ -109,7 +110,7 @@ class SessionRecording:
         self._incomplete_from: int | None = None  # the first chunk a part of which was not queued
         self._pending: dict[int, list[np.ndarray]] = {}  # recorder thread only: its parts so far
         h, w = recipe.image.shape[:2]
-        self.video_path = store.path_for(session_id)
+        self.video_path = store.start_video(session_id)
         # One encoder thread: the recorder is one thread beside the workers, and x264's frame threads
         # would take cores from them and warm up tens of MB of buffers per session.
         writer = Mp4Writer(self.video_path, w, h, recipe.fps, crf=VIDEO_CRF, fragmented=True, threads=1)
@@ -145,15 +146,20 @@ class SessionRecording:
 
     # ---- read ----
 
-    def record(self, with_image: bool = True) -> dict[str, Any]:
+    def record(self) -> dict[str, Any]:
+        """The recording as JSON types. Encodes the start image (tens of ms at 832 × 480) on the first
+        call: call it off the event loop."""
         r = self.recipe
         with self._lock:
             chunks = [self._chunks[i].record() for i in sorted(self._chunks)]
             incomplete = self._incomplete
         done = [c for c in chunks if c["frames_sha256"] is not None]
-        image = {"sha256": image_digest(r.image), "width": int(r.image.shape[1]), "height": int(r.image.shape[0])}
-        if with_image:
-            image["png"] = base64.b64encode(png_bytes(r.image)).decode()
+        image = {
+            "sha256": self._image_sha256,
+            "width": int(r.image.shape[1]),
+            "height": int(r.image.shape[0]),
+            "png": self._image_png,
+        }
         video = self._video
         return {
             "schema": RECORDING_SCHEMA,
@@ -179,6 +185,15 @@ class SessionRecording:
                 "reason": video.reason,
             },
         }
+
+    # The start image never changes: encoded once, on the first request that asks.
+    @functools.cached_property
+    def _image_sha256(self) -> str:
+        return image_digest(self.recipe.image)
+
+    @functools.cached_property
+    def _image_png(self) -> str:
+        return base64.b64encode(png_bytes(self.recipe.image)).decode()
 
     # ---- the recorder thread ----
 

@@ -23,7 +23,8 @@ class RecordingStore:
         self._lock = threading.Lock()  # recorder threads of several sessions ask at once
         self._writing: set[str] = set()
 
-    def path_for(self, session_id: str) -> Path:
+    def start_video(self, session_id: str) -> Path:
+        """Where the session's video goes; being written, it is never removed to make room."""
         with self._lock:
             self._writing.add(session_id)
         return self.directory / f"{session_id}.mp4"

@@ -406,7 +406,7 @@ class ServerSession:
             model=self.preset.name,
             weights=self._weights_digest,
             placement=placement.name,
-            placement_stages={s: [str(d) for d in placement.stage_devices(s)] for s in ("encode", "dit", "decode")},
+            placement_stages=placement.stage_record(),
             intra_op_threads=placement.cpu_threads_per_worker,
             seed=self.seed,
             prompt=self.prompt,

@@ -123,13 +123,13 @@ async def test_a_session_is_recorded_and_regenerates_exactly(server) -> None:
 def test_the_store_keeps_its_quota_oldest_finished_first(tmp_path: Path) -> None:
     store = RecordingStore(tmp_path, quota_bytes=3000)
     for i, sid in enumerate(("a", "b", "c")):
-        path = store.path_for(sid)
+        path = store.start_video(sid)
         path.write_bytes(b"x" * 1000)
         if sid != "b":
             store.finished(sid)
         os.utime(path, (1000 + i, 1000 + i))
     assert store.has_room("c")  # 3000 bytes: within
-    store.path_for("d").write_bytes(b"x" * 500)
+    store.start_video("d").write_bytes(b"x" * 500)
     assert store.has_room("d")  # the oldest finished one (a) went; b is still being written
     assert sorted(p.stem for p in tmp_path.glob("*.mp4")) == ["b", "c", "d"]
     (tmp_path / "d.mp4").write_bytes(b"x" * 5000)

@@ -56,6 +56,10 @@ class Placement:
     def stage_devices(self, stage: str) -> tuple[torch.device, ...]:
         return tuple(torch.device(d) for d in getattr(self, stage))
 
+    def stage_record(self) -> dict[str, list[str]]:
+        """Each stage's devices by name, as a recording keeps them (and a replay compares them)."""
+        return {s: [str(d) for d in self.stage_devices(s)] for s in ("encode", "dit", "decode")}
+
     def validate_for(self, preset: ModelPreset, cuda_device_count: int | None = None) -> None:
         """Raise PlacementError naming what to change if `preset` cannot run on this placement."""
         cfg = preset.dit
