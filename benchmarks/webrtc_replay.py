@@ -155,7 +155,7 @@ async def run_policy(args: argparse.Namespace, url: str, trace: Trace, policy: s
         fps = ready.get("fps", 16)
         # The first chunk is 3 frames short of the others (workers/chunk_geometry.py).
         first = ready.get("chunk_frames", 16) - (VAE_TIME_STRIDE - 1)
-        report = analyze(c.run.frames, c.run.chunks, c.run.sent, fps, first, c.run.stamped)
+        report = analyze(c.run.session_frames(), c.run.chunks, c.run.sent, fps, first, c.run.stamped)
         m = server.get("metrics", {})
         report |= {
             "fps": fps,

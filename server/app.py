@@ -66,6 +66,7 @@ from server.sctp import bound_inbound_messages
 from server.session import ACTIVE, ServerSession, SessionState
 from server.settings import Settings
 from server.turn import ice_servers_for
+from server.watch import WATCH_TOKEN_HEADER, WATCH_URL_HEADER, watch_headers, watch_router, watch_url
 from server.whep import whep_router
 from workers.chunk_geometry import chunk_num_frames
 from workers.controls import client_contract
@@ -225,11 +226,14 @@ class AppState:
         self._forget_when_closed(session)
         return session
 
-    async def answer(self, session: ServerSession, sdp: str) -> str:
-        """The SDP answer to a session's offer (candidates off this host dropped, on loopback)."""
+    async def local_offer(self, sdp: str) -> str:
+        """An offer as the server answers it: on loopback, without candidates off this host."""
         if self.own_addresses is not None:
             sdp = keep_local_candidates(sdp, self.own_addresses)
-        return await session.accept_offer(sdp)
+        return sdp
+
+    def spectator_count(self) -> int:
+        return sum(len(s.spectators) for s in self.sessions.values())
 
     def _forget_when_closed(self, session: ServerSession) -> None:
         # Owned by the app, not the session: the session cancels its own tasks when it closes.
@@ -313,6 +317,7 @@ def create_app(settings: Settings) -> FastAPI:
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["authorization", "content-type"],
+            expose_headers=["Location", "Link", WATCH_URL_HEADER, WATCH_TOKEN_HEADER],
         )
 
     # ---- errors: one JSON shape everywhere ----
@@ -439,6 +444,7 @@ def create_app(settings: Settings) -> FastAPI:
         for s in SessionState:
             m.sessions.labels(s.value).set(sum(x.state is s for x in state.sessions.values()))
         m.worker_restarts.set(state.engine.counters["worker_restarts"])
+        m.spectators.set(state.spectator_count())
         return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
 
     # ---- sessions ----
@@ -454,6 +460,8 @@ def create_app(settings: Settings) -> FastAPI:
             "offer_url": f"{url}/offer",
             "recording_url": f"{url}/recording",
             "video_url": f"{url}/video.mp4",
+            "watch_url": watch_url(state, session),
+            "watch_token": session.watch_token,
         }
 
     @app.get("/v1/sessions", dependencies=[Depends(require_token)])
@@ -501,9 +509,10 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.post("/v1/sessions/{session_id}/offer", response_model=AnswerResponse)
     async def offer(body: OfferRequest, session: Annotated[ServerSession, Depends(session_for)]) -> dict[str, str]:
-        return {"sdp": await state.answer(session, body.sdp), "type": "answer"}
+        return {"sdp": await session.accept_offer(await state.local_offer(body.sdp)), "type": "answer"}
 
-    app.include_router(whep_router(state.check_token))
+    app.include_router(whep_router(state.check_token, lambda session: watch_headers(state, session)))
+    app.include_router(watch_router(state))
 
     # ---- the browser client ----
 

@@ -30,6 +30,12 @@ class Unauthorized(ServerError):
     code = "unauthorized"
 
 
+class Forbidden(ServerError):
+    """A valid credential that does not give this right (a watch token of another session, a revoked one)."""
+
+    code = "forbidden"
+
+
 class NotFound(ServerError):
     code = "not_found"
 
@@ -91,6 +97,7 @@ class Draining(Unavailable):
 HTTP_STATUS: dict[type[ServerError], int] = {
     BadRequest: 400,
     Unauthorized: 401,
+    Forbidden: 403,
     NotFound: 404,
     MethodNotAllowed: 405,
     Conflict: 409,

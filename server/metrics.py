@@ -48,6 +48,20 @@ class Metrics:
             registry=r,
         )
         self.peer_connections = Gauge("worldrtc_peer_connections", "Open WebRTC peer connections", registry=r)
+        self.spectators = Gauge("worldrtc_spectators", "Spectators watching now, all sessions", registry=r)
+        self.spectator_joins = Counter("worldrtc_spectator_joins_total", "Spectators admitted", registry=r)
+        self.watch_refused = Counter(
+            "worldrtc_watch_refused_total",
+            "Watch requests refused, by reason (missing, wrong, driver_token, other_session, revoked, "
+            "ended, full, node_full)",
+            ["reason"],
+            registry=r,
+        )
+        self.spectator_frames_skipped = Counter(
+            "worldrtc_spectator_frames_skipped_total",
+            "Frames a spectator did not get because its own queue overflowed or it waited for a keyframe",
+            registry=r,
+        )
         self.sessions_refused = Counter(
             "worldrtc_sessions_refused_total", "Session creations refused, by reason", ["reason"], registry=r
         )

@@ -12,12 +12,16 @@ client → server (the control messages are `workers/controls.py`'s, shared with
     stop           {}
 
 server → client (the models below)
-    ready   ReadyMsg    geometry, model, dispatch, and the control vocabulary
+    ready   ReadyMsg    geometry, model, dispatch, the control vocabulary, and the role (driver or spectator)
+    video_start VideoStartMsg  {pts}: the session pts of this viewer's first video frame (its receiver counts from 0)
     chunk   ChunkMsg    one per generated chunk: frames, pts (per part), applied controls, timings
     stats   StatsMsg    every stats interval: delivery, buffer, latency
     error   ErrorMsg    {code, message}
     pong    PongMsg     {seq, t, server_t}
-    done    DoneMsg     {code, reason}: the session is over (EndReason says why)
+    done    DoneMsg     {code, reason}: the session (or this spectator's watch) is over (EndReason says why)
+
+A spectator (server/spectator.py) may open a data channel of any label: it gets ready, video_start,
+chunk, stats and done, answers `ping` with `pong`, and refuses anything else with `error` read_only.
 
 Nothing here imports torch or model code: parsing, validating and routing a message needs none.
 """
@@ -123,6 +127,15 @@ class ReadyMsg(_ServerMessage):
     controls: dict[str, Any]  # workers.controls.client_contract()
     idle_timeout_s: float | None  # the session ends after this long without a control (None: never)
     max_duration_s: float | None
+    role: Literal["driver", "spectator"] = "driver"  # a spectator watches and cannot steer
+
+
+class VideoStartMsg(_ServerMessage):
+    """The session pts of the first frame this viewer's video carries. A receiver counts pts from its
+    first frame, so a spectator that joined late adds this to map frames onto the `chunk` messages."""
+
+    type: Literal["video_start"] = "video_start"
+    pts: int
 
 
 class ChunkMsg(_ServerMessage):
@@ -165,6 +178,7 @@ class StatsMsg(_ServerMessage):
     behind: bool
     controls_accepted: int
     controls_refused: int  # rate-limited or invalid
+    spectators: int = 0  # watching now
 
 
 class ErrorMsg(_ServerMessage):
@@ -195,6 +209,8 @@ class EndReason(StrEnum):
     GENERATION_FAILED = "generation_failed"  # a stage failed; the message says which and how
     PROTOCOL_ABUSE = "protocol_abuse"  # too many invalid data-channel messages (abuse_limit)
     SERVER_SHUTDOWN = "server_shutdown"  # the server stopped (after its drain, if it had one)
+    DRIVER_LEFT = "driver_left"  # a spectator's session ended
+    REVOKED = "revoked"  # a spectator's watch token was revoked by the driver
 
     @property
     def failed(self) -> bool:
@@ -219,7 +235,7 @@ class DoneMsg(_ServerMessage):
     reason: str
 
 
-ServerMessage = ReadyMsg | ChunkMsg | StatsMsg | ErrorMsg | PongMsg | DoneMsg
+ServerMessage = ReadyMsg | VideoStartMsg | ChunkMsg | StatsMsg | ErrorMsg | PongMsg | DoneMsg
 
 
 # ---- REST ----
@@ -258,6 +274,10 @@ class SessionInfo(BaseModel):
     offer_url: str | None = None
     recording_url: str | None = None  # what regenerates the session (GET; server/recording.py)
     video_url: str | None = None  # its frames as generated, an MP4 (GET)
+    # Only in the create response: the session's WHEP endpoint for spectators, and the capability
+    # that lets its holder watch (never steer) this one session; the driver can revoke it.
+    watch_url: str | None = None
+    watch_token: str | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)
     error: str | None = None
     ended: str | None = None  # the EndReason, once it has ended

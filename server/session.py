@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
+from aiortc import RTCPeerConnection, RTCRtpSender
 
-from server.codecs import prefer_codecs
 from server.dispatch import DispatchConfig, DispatchController, DispatchPolicy, StartLater, StartNow
-from server.errors import AlreadyConnected, BadRequest, SessionClosed
+from server.errors import AlreadyConnected, BadRequest, Busy, SessionClosed
+from server.fanout import VideoFanout, ViewerTrack
 from server.metrics import Metrics
 from server.offer import OfferError, validate_offer
 from server.pacer import Pacer
@@ -54,14 +54,16 @@ from server.protocol import (
     ServerMessage,
     StatsMsg,
     StopMsg,
+    VideoStartMsg,
     parse_client_message,
 )
 from server.rate_limit import TokenBucket
 from server.recording import Recipe, SessionRecording
 from server.recording_store import RecordingStore
 from server.settings import Settings
+from server.spectator import Spectator
 from server.timeline import TIMELINE_CHUNKS, SessionTimeline
-from server.video_track import PacedVideoTrack
+from server.viewer_peer import answer_viewer, new_peer_connection, wait_until_silent
 from workers.chunk_geometry import chunk_num_frames
 from workers.controls import ChunkControl, ControlState, client_contract
 from workers.models.presets import ModelPreset
@@ -75,8 +77,7 @@ log = logging.getLogger("worldrtc.session")
 
 PENDING_CONTROLS = 512  # control arrival times kept for control-to-frame latency (oldest dropped)
 LATENCY_SAMPLES = 64  # recent control-to-frame samples behind the stats' p50
-PEER_POLL_S = 0.5  # how often the viewer's RTCP reports are looked at: a vanished peer is noticed within
-# peer_timeout_s + this
+REVOKED_TOKENS_KEPT = 64  # revoked watch tokens remembered (to answer 403 "revoked" rather than 401)
 RATE_NOTICE_S = 1.0  # at most one `rate_limited` error a second: a flood must not be answered in kind
 BEHIND_CHUNKS = 8  # the recent chunks whose median period decides whether generation is behind
 BEHIND_RATIO = 1.1  # behind: that median period is over this × a chunk's media duration
@@ -141,7 +142,13 @@ class ServerSession:
         self.dispatch = DispatchController(
             DispatchConfig(dispatch or settings.dispatch, self.fps, self.chunk_latent_frames)
         )
-        self.track: PacedVideoTrack | None = None
+        # Encode once for the driver and every spectator (server/fanout.py).
+        self.fanout = VideoFanout(self.pacer, self.fps)
+        self.track: ViewerTrack | None = None
+        self.watch_token: str | None = secrets.token_urlsafe(24)  # lets its holder watch, never steer
+        self.revoked_watch_tokens: deque[str] = deque(maxlen=REVOKED_TOKENS_KEPT)
+        self.spectators: dict[str, Spectator] = {}
+        self.spectators_joined = 0
         self.engine_session: str | None = None
         self._controls = ControlState()
         # The engine asks for controls and dispatch verdicts on its scheduler thread; the loop feeds both.
@@ -199,6 +206,8 @@ class ServerSession:
                 "frames_repeated": self.pacer.repeated,
                 "behind": self.behind,
                 "controls": dict(self.controls),
+                "spectators": len(self.spectators),
+                "spectators_joined": self.spectators_joined,
             },
         }
 
@@ -215,6 +224,69 @@ class ServerSession:
         if self.timeline is None:
             return body | {"fps": self.fps, "now_s": 0.0, "chunks": [], "pacer": None, "controls": []}
         return body | self.timeline.report(self.pacer.history, self.fps, time.monotonic(), window_s)
+
+    def ready_message(self, role: str) -> ReadyMsg:
+        p = self.preset
+        return ReadyMsg(
+            session_id=self.id,
+            model=p.name,
+            weights=p.weights_note,
+            width=p.width_px,
+            height=p.height_px,
+            fps=self.fps,
+            chunk_frames=chunk_num_frames(1, self.chunk_latent_frames),
+            dispatch=self.dispatch.config.policy.value,
+            controls=client_contract(),
+            idle_timeout_s=self.settings.idle_timeout_s,
+            max_duration_s=self.max_duration_s,
+            role=role,  # type: ignore[arg-type]
+        )
+
+    # ---- spectators ----
+
+    async def add_spectator(self, sdp: str, token: str) -> tuple[Spectator, str]:
+        """A spectator watching with `token` (checked by the caller), and its SDP answer."""
+        if self.state not in ACTIVE:
+            raise SessionClosed(f"session {self.id} is {self.state.value}: there is nothing to watch")
+        limit = self.settings.max_spectators_per_session
+        if len(self.spectators) >= limit:
+            self.metrics.watch_refused.labels("full").inc()
+            raise Busy(f"session {self.id} has {limit} spectators, the most it takes; retry later", retry_after_s=5)
+        spectator = Spectator(
+            self.id,
+            token,
+            self.fanout,
+            self.ready_message("spectator"),
+            self.settings,
+            self.metrics,
+            on_closed=self._spectator_left,
+        )
+        self.spectators[spectator.id] = spectator
+        answer = await spectator.accept_offer(sdp)  # closes itself (and leaves the table) on a bad offer
+        self.spectators_joined += 1
+        self.metrics.spectator_joins.inc()
+        return spectator, answer
+
+    def _spectator_left(self, spectator: Spectator) -> None:
+        self.spectators.pop(spectator.id, None)
+
+    async def new_watch_token(self) -> str:
+        """Revoke the current watch token (its spectators end) and issue another."""
+        await self.revoke_watch_token()
+        if self.state not in ACTIVE:
+            raise SessionClosed(f"session {self.id} is {self.state.value}: there is nothing to watch")
+        self.watch_token = secrets.token_urlsafe(24)
+        return self.watch_token
+
+    async def revoke_watch_token(self) -> int:
+        """No watching with the current token any more; its spectators end. Returns how many ended."""
+        token, self.watch_token = self.watch_token, None
+        if token is None:
+            return 0
+        self.revoked_watch_tokens.append(token)
+        holders = [s for s in self.spectators.values() if s.token == token]
+        await asyncio.gather(*(s.close(EndReason.REVOKED, "the driver revoked the watch link") for s in holders))
+        return len(holders)
 
     @property
     def behind(self) -> bool:
@@ -236,8 +308,7 @@ class ServerSession:
             raise BadRequest(str(exc)) from None
         # A viewer that opens no control channel only watches: it streams once ICE connects.
         self._watch_only = "m=application" not in sdp
-        config = RTCConfiguration(iceServers=[RTCIceServer(**s) for s in self.settings.ice_servers])  # type: ignore[arg-type]
-        self.pc = pc = RTCPeerConnection(configuration=config)
+        self.pc = pc = new_peer_connection(self.settings.ice_servers)
         self.metrics.peer_connections.inc()
         self.state = SessionState.CONNECTING
         pc.on("datachannel", self._on_datachannel)
@@ -256,22 +327,10 @@ class ServerSession:
         return pc.localDescription.sdp
 
     async def _answer(self, pc: RTCPeerConnection, sdp: str) -> None:
-        await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
-        transceivers = pc.getTransceivers()
-        if any(t.receiver.transport is None for t in transceivers) or (
-            pc.sctp is not None and pc.sctp.transport is None
-        ):
-            raise OfferError("a media section of the offer got no transport (check its BUNDLE group)")
-        video = [t for t in transceivers if t.kind == "video"]
-        if not video:
-            raise OfferError("the offer must include a video section (recvonly)")
-        self.video_sender = video[0].sender
-        self.track = PacedVideoTrack(self.pacer)
-        video[0].sender.replaceTrack(self.track)
-        video[0].direction = "sendonly"
-        prefer_codecs(video[0])
-        # aiortc gathers all candidates inside setLocalDescription: the answer is complete (no trickle).
-        await pc.setLocalDescription(await pc.createAnswer())
+        self.track = self.fanout.add(on_start=lambda pts: self._send(VideoStartMsg(pts=pts)))
+        self.video_sender, codec = await answer_viewer(pc, sdp, self.track, ("H264", "VP8"))
+        self.fanout.bind(self.track, codec)
+        self.fanout.rtcp_hook(self.video_sender, driver=True)
 
     async def close(self, code: EndReason, reason: str, detail: str | None = None) -> None:
         """Idempotent; tears down in reverse order of setup. `code` says why, `reason` in words for
@@ -286,12 +345,15 @@ class ServerSession:
             self.error = detail or reason
             self._send(ErrorMsg(code="session_failed", message=reason))
         self._send(DoneMsg(code=code, reason=reason))
+        watchers_code = EndReason.SERVER_SHUTDOWN if code is EndReason.SERVER_SHUTDOWN else EndReason.DRIVER_LEFT
+        await asyncio.gather(
+            *(s.close(watchers_code, f"the session ended ({code.value})") for s in list(self.spectators.values()))
+        )
         if self.engine_session is not None:
             self.engine.close_session(self.engine_session)
         if self.recording is not None:
             await asyncio.to_thread(self.recording.close)  # the video's last frames, off the loop
-        if self.track is not None:
-            self.track.stop()
+        await self.fanout.close()
         current = asyncio.current_task()
         for task in list(self._tasks):
             if task is not current:
@@ -359,22 +421,7 @@ class ServerSession:
         """The viewer is connected (its control channel open, or ICE for a watch-only viewer): generate."""
         if self.state is not SessionState.CONNECTING or self.engine_session is not None:
             return
-        p = self.preset
-        self._send(
-            ReadyMsg(
-                session_id=self.id,
-                model=p.name,
-                weights=p.weights_note,
-                width=p.width_px,
-                height=p.height_px,
-                fps=self.fps,
-                chunk_frames=chunk_num_frames(1, self.chunk_latent_frames),
-                dispatch=self.dispatch.config.policy.value,
-                controls=client_contract(),
-                idle_timeout_s=self.settings.idle_timeout_s,
-                max_duration_s=self.max_duration_s,
-            )
-        )
+        self._send(self.ready_message("driver"))
         self._open_t = time.monotonic()
         self._open_perf_t = time.perf_counter()  # the engine's clock: chunk stage times count from here
         if self._recordings is not None:
@@ -519,7 +566,7 @@ class ServerSession:
         timings: dict[str, float | None] = {f"{s.value}_s": tm.busy_s for s, tm in rec.stages.items()}
         timings["queue_s"] = sum((tm.queue_wait_s or 0.0) for tm in rec.stages.values())
         timings["start_to_pacer_s"] = start_to_pacer
-        self._send(
+        self._broadcast(
             ChunkMsg(
                 index=out.index,
                 first_frame=parts[0][0],
@@ -594,21 +641,10 @@ class ServerSession:
         """Liveness from the connection: once video flows, the viewer's RTCP receiver reports must
         keep coming (any WebRTC client sends them about every second). No application heartbeat."""
         timeout = self.settings.peer_timeout_s
-        last_report: object = None
-        heard_t = time.monotonic()
-        while True:
-            await asyncio.sleep(PEER_POLL_S)
-            now = time.monotonic()
-            if self.video_sender is None or self.pacer.sent == 0:
-                heard_t = now  # nothing sent yet: nothing to report on
-                continue
-            stats = await self.video_sender.getStats()
-            report = next((s.timestamp for s in stats.values() if s.type == "remote-inbound-rtp"), None)
-            if report != last_report:
-                last_report, heard_t = report, now
-            elif now - heard_t > timeout:
-                await self.close(EndReason.PEER_GONE, f"the viewer sent no RTCP receiver report for {timeout:g} s")
-                return
+        track, sender = self.track, self.video_sender
+        assert track is not None and sender is not None
+        await wait_until_silent(sender, lambda: track.delivered > 0, timeout)
+        await self.close(EndReason.PEER_GONE, f"the viewer sent no RTCP receiver report for {timeout:g} s")
 
     async def _expire_when_idle(self, idle_s: float) -> None:
         while True:
@@ -633,7 +669,7 @@ class ServerSession:
             with self._lock:
                 d = self.dispatch.stats(time.monotonic())
             chunk_media_s = self.dispatch.config.chunk_media_s
-            self._send(
+            self._broadcast(
                 StatsMsg(
                     fps=self.fps,
                     dispatch=d.policy,
@@ -657,6 +693,7 @@ class ServerSession:
                     behind=self.behind,
                     controls_accepted=self.controls["accepted"],
                     controls_refused=self.controls["rate_limited"] + self.controls["invalid"],
+                    spectators=len(self.spectators),
                 )
             )
 
@@ -679,10 +716,20 @@ class ServerSession:
         task.add_done_callback(self._tasks.discard)
 
     def _send(self, message: ServerMessage) -> None:
+        self._send_text(message.to_json())
+
+    def _send_text(self, text: str) -> None:
         if self.channel is None or self.channel.readyState != "open":
             return
         with contextlib.suppress(Exception):  # a channel closing under us is not an error worth raising
-            self.channel.send(message.to_json())
+            self.channel.send(text)
+
+    def _broadcast(self, message: ServerMessage) -> None:
+        """To the driver and every spectator, serialized once."""
+        text = message.to_json()
+        self._send_text(text)
+        for spectator in self.spectators.values():
+            spectator.send_text(text)
 
     def _send_error(self, code: str, message: str) -> None:
         self.metrics.errors.labels(code).inc()

@@ -39,6 +39,10 @@ class Settings(BaseSettings):
     compile: bool = False
     deterministic: bool = False
     max_sessions: int = Field(default=2, ge=1)
+    # Spectators (server/spectator.py) take no generation slot; each costs a peer connection and the
+    # packetizing of frames encoded once for the session. 0 turns watching off.
+    max_spectators_per_session: int = Field(default=16, ge=0)
+    max_spectators: int = Field(default=64, ge=0)  # on this node, all sessions together
     # Memory the plan may use (workers/runtime/memory_plan.py): per GPU, and the host's for CPU
     # placements. None: what the device reports, and the host's available memory.
     device_memory_gib: float | None = Field(default=None, gt=0)

@@ -5,6 +5,9 @@
     DELETE /v1/whep/{id}                               ends the session
     PATCH  /v1/whep/{id}                               405: no trickle ICE; send every candidate in the offer
 
+The 201 also carries the session's `Worldrtc-Watch-URL` and `Worldrtc-Watch-Token`: its spectators'
+WHEP endpoint and the token that opens it (server/watch.py).
+
 The offer is the whole negotiation: a session is created from the query (the default scene, seed 0,
 when it names none), answered, and starts streaming as soon as ICE connects (or, with a `control`
 data channel in the offer, once that channel opens, exactly as REST sessions do). Where the server
@@ -13,6 +16,7 @@ has an API token, every request carries it as `Authorization: Bearer <token>`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -41,19 +45,25 @@ def ice_server_links(ice_servers: list[dict[str, Any]]) -> list[str]:
     return links
 
 
-def whep_router(check_token: Any) -> APIRouter:
-    """The WHEP routes; `check_token` is the app's API-token dependency."""
+async def read_sdp_offer(request: Request) -> str:
+    """A WHEP request's body: an SDP offer, as text."""
+    if request.headers.get("content-type", "").split(";")[0].strip() != SDP:
+        raise UnsupportedMediaType(f"a WHEP offer is an SDP document: send Content-Type: {SDP}")
+    try:
+        return (await request.body()).decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest("the SDP offer is not UTF-8 text") from None
+
+
+def whep_router(check_token: Any, session_headers: Callable[[Any], dict[str, str]]) -> APIRouter:
+    """The WHEP routes; `check_token` is the app's API-token dependency, `session_headers` what else a
+    created session's 201 carries (its watch URL and token)."""
     router = APIRouter(prefix="/v1/whep", tags=["whep"], dependencies=[Depends(check_token)])
 
     @router.post("", status_code=201, response_class=Response)
     async def offer(request: Request) -> Response:
         state = request.app.state.worldrtc
-        if request.headers.get("content-type", "").split(";")[0].strip() != SDP:
-            raise UnsupportedMediaType(f"a WHEP offer is an SDP document: send Content-Type: {SDP}")
-        try:
-            sdp = (await request.body()).decode("utf-8")
-        except UnicodeDecodeError:
-            raise BadRequest("the SDP offer is not UTF-8 text") from None
+        sdp = await read_sdp_offer(request)
         query = {k: v for k, v in request.query_params.items() if k in QUERY_FIELDS}
         try:
             body = CreateSessionRequest.model_validate(query)
@@ -61,8 +71,8 @@ def whep_router(check_token: Any) -> APIRouter:
             first = exc.errors()[0]
             raise BadRequest(f"query parameter {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
         session = await state.new_session(body, client_address(request))
-        answer = await state.answer(session, sdp)
-        headers = {"Location": state.node_url(f"/v1/whep/{session.id}")}
+        answer = await session.accept_offer(await state.local_offer(sdp))
+        headers = {"Location": state.node_url(f"/v1/whep/{session.id}")} | session_headers(session)
         response = Response(answer, status_code=201, media_type=SDP, headers=headers)
         settings = state.settings
         for link in ice_server_links(ice_servers_for(settings.ice_servers, settings.turn, session.id)):

@@ -12,6 +12,10 @@
 
     asyncio.run(main())
 
+A spectator watches someone else's session with the `watch_url` and `watch_token` of its create
+response (the driver shares them): `Session.watching(url, watch_url, watch_token)` receives the same
+video and the session's `chunk`/`stats`/`done` messages, and cannot steer.
+
 It signals through the REST API (`POST /v1/sessions`, then the offer) or, with `whep=True`, through
 the WHEP endpoint (`POST /v1/whep`, RFC 9725), and connects with stock aiortc: no patches, so it
 works wherever any WebRTC client does. With `control=True` (the default) it opens the `control` data
@@ -27,7 +31,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any
 from urllib.parse import urlencode
@@ -73,6 +77,15 @@ class ClientRun:
     ready: dict[str, Any] | None = None
     sent: dict[int, float] = field(default_factory=dict)  # control seq -> send time
     done: dict[str, Any] | None = None
+    # The session pts of this viewer's first frame (`video_start`): a receiver counts pts from its own
+    # first frame, so a spectator that joined late is offset. 0 for a driver.
+    pts_origin: int | None = None
+    first_frame_t: float | None = None
+
+    def session_frames(self) -> list[ReceivedFrame]:
+        """`frames` with pts on the session's clock (what the `chunk` messages' pts ranges use)."""
+        origin = self.pts_origin or 0
+        return [replace(f, pts=f.pts + origin) for f in self.frames] if origin else list(self.frames)
 
     @property
     def stamped(self) -> bool:
@@ -106,14 +119,17 @@ class Session:
         whep: bool = False,
         control: bool = True,
         keep_frames: int = 16,
+        watch: tuple[str, str] | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.request = {"scene": scene, "prompt": prompt, "seed": seed, "dispatch": dispatch}
-        self.whep, self.control = whep, control
+        self.whep, self.control, self.watch = whep, control and watch is None, watch
         self._auth = {"authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.AsyncClient(base_url=self.url, headers=self._auth, timeout=30)
         self.pc = RTCPeerConnection()
-        self.channel = self.pc.createDataChannel("control") if control else None
+        # A spectator's channel only receives: the session's ready, chunk, stats and done.
+        label = "control" if self.control else "watch" if watch is not None else None
+        self.channel = self.pc.createDataChannel(label) if label else None
         self.run = ClientRun()
         self.info: dict[str, Any] | None = None  # the server's session record (REST) or {"resource": …} (WHEP)
         self._images: asyncio.Queue[tuple[Any, int, float]] = asyncio.Queue(maxsize=keep_frames)  # decoded, unconverted
@@ -122,6 +138,11 @@ class Session:
         self._ready = asyncio.Event()
         self._video = asyncio.Event()
         self._content_ids = ContentIds()
+
+    @classmethod
+    def watching(cls, url: str, watch_url: str, watch_token: str, *, keep_frames: int = 16) -> Session:
+        """A spectator of the session whose create response gave `watch_url` and `watch_token`."""
+        return cls(url, watch=(watch_url, watch_token), keep_frames=keep_frames)
 
     async def __aenter__(self) -> Session:
         await self.start()
@@ -141,9 +162,12 @@ class Session:
             self.channel.on("open", self._ready.set)
         await self.pc.setLocalDescription(await self.pc.createOffer())
         offer = self.pc.localDescription.sdp
-        answer = await (self._offer_whep(offer) if self.whep else self._offer_rest(offer))
+        if self.watch is not None:
+            answer = await self._offer_watch(offer)
+        else:
+            answer = await (self._offer_whep(offer) if self.whep else self._offer_rest(offer))
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
-        if self.channel is not None:
+        if self.control:
             await asyncio.wait_for(self._ready.wait(), OPEN_TIMEOUT_S)
         else:
             await asyncio.wait_for(self._video.wait(), FIRST_FRAME_TIMEOUT_S)
@@ -175,13 +199,25 @@ class Session:
         self.info = {"resource": r.headers["location"], "links": r.headers.get_list("link")}
         return r.text
 
+    async def _offer_watch(self, offer: str) -> str:
+        assert self.watch is not None
+        watch_url, token = self.watch
+        r = await self.http.post(
+            watch_url, content=offer, headers={"content-type": "application/sdp", "authorization": f"Bearer {token}"}
+        )
+        if r.status_code != 201:
+            raise _error(r)
+        self.info = {"resource": r.headers["location"], "links": r.headers.get_list("link"), "token": token}
+        return r.text
+
     async def close(self) -> dict[str, Any] | None:
         """End the session (DELETE) and the connection; returns the server's final record, if any."""
         final = None
         if self.info is not None:
             try:
                 if "resource" in self.info:
-                    r = await self.http.delete(self.info["resource"])
+                    own = {"authorization": f"Bearer {self.info['token']}"} if "token" in self.info else {}
+                    r = await self.http.delete(self.info["resource"], headers=own)
                 else:
                     token = {"authorization": f"Bearer {self.info['token']}"}
                     r = await self.http.delete(self._session_url(), headers=token)
@@ -263,7 +299,7 @@ class Session:
     async def next_frame(self) -> Frame:
         """The oldest decoded frame not taken yet (a slow consumer gets the newest `keep_frames`)."""
         frame, pts, t = await self._images.get()
-        return Frame(frame.to_ndarray(format="rgb24"), pts, t)
+        return Frame(frame.to_ndarray(format="rgb24"), pts + (self.run.pts_origin or 0), t)
 
     async def latest_frame(self) -> Frame:
         """The newest decoded frame (older ones not taken yet are skipped); waits for one if none."""
@@ -289,7 +325,7 @@ class Session:
 
     def glass_to_glass_s(self) -> list[float]:
         """Per control sent: seconds until the first frame of the first chunk that applied it arrived."""
-        return glass_to_glass_s(self.run.frames, self.run.chunks, self.run.sent, self.run.stamped)
+        return glass_to_glass_s(self.run.session_frames(), self.run.chunks, self.run.sent, self.run.stamped)
 
     def _on_track(self, track: MediaStreamTrack) -> None:
         task = asyncio.get_running_loop().create_task(self._receive(track))
@@ -307,6 +343,8 @@ class Session:
             stamp = read_stamp(luma) if self.run.stamped else None
             pts = int(frame.pts or 0)
             self.run.frames.append(ReceivedFrame(t, pts, stamp, self._content_ids(luma)))
+            if self.run.first_frame_t is None:
+                self.run.first_frame_t = t
             self._video.set()
             if self._images.full():
                 self._images.get_nowait()  # keep the newest
@@ -326,3 +364,5 @@ class Session:
             self.run.errors.append(msg)
         elif kind == "done":
             self.run.done = msg
+        elif kind == "video_start":
+            self.run.pts_origin = int(msg["pts"])

@@ -1,0 +1,131 @@
+"""Spectators: a WHEP endpoint (RFC 9725) per session, opened by the session's watch token.
+
+    POST   /v1/sessions/{id}/watch                 application/sdp offer, Authorization: Bearer <watch token>
+           -> 201 Created, application/sdp answer, Location: /v1/sessions/{id}/watch/{spectator}
+    DELETE /v1/sessions/{id}/watch/{spectator}     ends that watch (the same token)
+    PATCH  /v1/sessions/{id}/watch/{spectator}     405: no trickle ICE
+    POST   /v1/sessions/{id}/watch-token           the driver: revoke the current watch token (its
+                                                   spectators end, `done` revoked) and get a new one
+    DELETE /v1/sessions/{id}/watch-token           the driver: revoke it, and issue none
+
+The watch token comes with the session's create response (`watch_url`, `watch_token`; for a WHEP
+driver, in the `Worldrtc-Watch-URL` and `Worldrtc-Watch-Token` headers). It is a capability: it lets
+its holder watch that one session and nothing else, and it is never the driver's token. The API
+token, where the server has one, also watches (an operator). Refusals are counted in
+`worldrtc_watch_refused_total{reason}`:
+
+    missing        no bearer token                                  401
+    wrong          a token that is nobody's                         401
+    driver_token   the session's driver token                      403
+    other_session  another session's watch token                   403
+    revoked        a watch token the driver revoked                 403
+    ended          the session has ended                            409
+    full           max_spectators_per_session watch it already      429
+    node_full      max_spectators watch this node already           429
+"""
+
+import secrets
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from server.errors import Busy, Forbidden, MethodNotAllowed, NotFound, SessionClosed, Unauthorized
+from server.protocol import EndReason
+from server.session import ACTIVE, ServerSession
+from server.turn import ice_servers_for
+from server.whep import SDP, ice_server_links, read_sdp_offer
+
+if TYPE_CHECKING:
+    from server.app import AppState
+
+WATCH_URL_HEADER = "Worldrtc-Watch-URL"
+WATCH_TOKEN_HEADER = "Worldrtc-Watch-Token"
+
+
+def watch_url(state: "AppState", session: ServerSession) -> str:
+    return state.node_url(f"/v1/sessions/{session.id}/watch")
+
+
+def watch_headers(state: "AppState", session: ServerSession) -> dict[str, str]:
+    """For a WHEP driver's 201: where and how others watch its session."""
+    assert session.watch_token is not None
+    return {WATCH_URL_HEADER: watch_url(state, session), WATCH_TOKEN_HEADER: session.watch_token}
+
+
+def _same(given: str, token: str | None) -> bool:
+    return token is not None and secrets.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode())
+
+
+def authorize_watch(state: "AppState", session_id: str, request: Request) -> tuple[ServerSession, str]:
+    """The session and the token that may watch it, or a refusal (counted, see the module docstring).
+    Without a token that is good for something, the answer is 401 whether or not the session exists."""
+    header = request.headers.get("authorization", "")
+    if not header.startswith("Bearer ") or not header[7:]:
+        raise _refuse(state, "missing", Unauthorized("watching takes 'Authorization: Bearer <watch token>'"))
+    token = header[7:]
+    session = state.sessions.get(session_id)
+    if session is not None:
+        if _same(token, session.watch_token) or _same(token, state.settings.api_token):
+            if session.state not in ACTIVE:
+                why = f"session {session.id} has ended: there is nothing to watch"
+                raise _refuse(state, "ended", SessionClosed(why))
+            return session, token
+        if _same(token, session.token):
+            why = "that is the session's driver token; watching takes its watch token (watch_token)"
+            raise _refuse(state, "driver_token", Forbidden(why))
+        if any(_same(token, old) for old in session.revoked_watch_tokens):
+            raise _refuse(state, "revoked", Forbidden("the driver revoked this watch token; ask for a new link"))
+    if any(_same(token, s.watch_token) for s in state.sessions.values() if s is not session):
+        raise _refuse(state, "other_session", Forbidden("this watch token is for another session"))
+    raise _refuse(state, "wrong", Unauthorized("wrong watch token"))
+
+
+def _refuse(state: "AppState", reason: str, error: Exception) -> Exception:
+    state.metrics.watch_refused.labels(reason).inc()
+    return error
+
+
+def watch_router(state: "AppState") -> APIRouter:
+    # No `from __future__ import annotations` here: FastAPI must see the Depends() of the closure.
+    router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["watch"])
+    settings = state.settings
+
+    @router.post("/watch", status_code=201, response_class=Response)
+    async def watch(session_id: str, request: Request) -> Response:
+        session, token = authorize_watch(state, session_id, request)
+        if state.spectator_count() >= settings.max_spectators:
+            state.metrics.watch_refused.labels("node_full").inc()
+            raise Busy(f"this node has {settings.max_spectators} spectators, the most it takes", retry_after_s=5)
+        sdp = await read_sdp_offer(request)
+        spectator, answer = await session.add_spectator(await state.local_offer(sdp), token)
+        location = state.node_url(f"/v1/sessions/{session.id}/watch/{spectator.id}")
+        response = Response(answer, status_code=201, media_type=SDP, headers={"Location": location})
+        for link in ice_server_links(ice_servers_for(settings.ice_servers, settings.turn, f"watch-{spectator.id}")):
+            response.headers.append("Link", link)
+        return response
+
+    @router.delete("/watch/{spectator_id}")
+    async def stop_watching(session_id: str, spectator_id: str, request: Request) -> Response:
+        session, _ = authorize_watch(state, session_id, request)
+        spectator = session.spectators.get(spectator_id)
+        if spectator is None:
+            raise NotFound(f"no spectator {spectator_id!r} watching session {session_id!r}")
+        await spectator.close(EndReason.DELETED, "deleted")
+        return Response(status_code=200)
+
+    @router.patch("/watch/{spectator_id}")
+    async def trickle(session_id: str, spectator_id: str) -> Response:
+        raise MethodNotAllowed("trickle ICE is not supported: put every candidate in the offer (wait for gathering)")
+
+    @router.post("/watch-token")
+    async def new_watch_token(session: Annotated[ServerSession, Depends(state.session_for)]) -> dict[str, Any]:
+        """Revoke the current watch token (its spectators end) and issue another."""
+        token = await session.new_watch_token()
+        return {"watch_url": watch_url(state, session), "watch_token": token}
+
+    @router.delete("/watch-token")
+    async def revoke_watch_token(session: Annotated[ServerSession, Depends(state.session_for)]) -> dict[str, Any]:
+        """Revoke the watch token: its spectators end, and nobody watches until a new one is issued."""
+        return {"spectators_ended": await session.revoke_watch_token()}
+
+    return router
