@@ -1,27 +1,20 @@
-"""PacedVideoTrack (frames, pts, teardown, conversion off the loop), codec preference and bitrate limits.
+"""The RGB to yuv420p conversion, codec preference and bitrate limits (the fan-out: test_fanout.py).
 
 The conversion's cost and the bitrate an encoder reaches are figures: `python -m benchmarks.components`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
-from fractions import Fraction
 
-import av
 import numpy as np
 import pytest
 from aiortc import RTCPeerConnection
 from aiortc.codecs import get_encoder
-from aiortc.mediastreams import MediaStreamError
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 
-from server import codecs, video_track
-from server.pacer import Pacer
-from server.video_track import CONVERT_THREAD_PREFIX, PacedVideoTrack, rgb_to_video_frame
-from tests.support.clock import FakeClock
+from server import codecs
+from server.video_track import rgb_to_video_frame
 
 H, W = 480, 832  # the 14B preset's geometry
 
@@ -37,95 +30,15 @@ def gradient_chunk(n: int, h: int = H, w: int = W) -> np.ndarray:
     return frames
 
 
-async def settle() -> None:
-    """Let every ready task run until it blocks (a few loop passes; no wall-clock wait)."""
-    for _ in range(5):
-        await asyncio.sleep(0)
+# ---- the conversion ----
 
 
-def convert_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith(CONVERT_THREAD_PREFIX)]
-
-
-# ---- the track ----
-
-
-async def test_recv_returns_yuv_frames_with_increasing_pts() -> None:
-    clock = FakeClock()
-    pacer = Pacer(16, 20, clock, sleep=clock.sleep)
-    track = PacedVideoTrack(pacer)
-    chunk = gradient_chunk(16)
-    pacer.push(chunk, chunk_index=0, first_frame_index=0)
-    frames = [await track.recv() for _ in range(20)]  # 16 generated + 4 repeats
-    track.stop()
-
-    assert all(isinstance(f, av.VideoFrame) for f in frames)
-    assert {(f.width, f.height, f.format.name) for f in frames} == {(W, H, "yuv420p")}
-    assert all(f.time_base == Fraction(1, 90000) for f in frames)
-    assert [f.pts for f in frames] == [n * 5625 for n in range(20)]
-    assert pacer.repeated == 4 and pacer.sent == 20
-    for i in (0, 7, 15):  # content survives the conversion (BT.601 limited range, 4:2:0)
-        back = frames[i].to_ndarray(format="rgb24").astype(np.int16)
-        assert np.abs(back - chunk[i]).mean() < 3.0
-    assert track.last is not None and track.last.repeated
-
-
-async def test_stop_leaves_no_threads_or_tasks() -> None:
-    clock = FakeClock()
-    pacer = Pacer(16, 20, clock, sleep=clock.sleep)
-    track = PacedVideoTrack(pacer)
-    pacer.push(gradient_chunk(4, 48, 64), chunk_index=0, first_frame_index=0)
-    for _ in range(4):
-        await track.recv()
-    assert convert_threads()  # the pool is in use
-    pending = asyncio.create_task(track.recv())  # starved -> a repeat, served at the next tick
-    await pending
-    idle_track = PacedVideoTrack(Pacer(16, 20))
-    waiting = asyncio.create_task(idle_track.recv())  # no frame ever: waits
-    await settle()
-    assert not waiting.done()
-
-    track.stop()
-    track.stop()  # idempotent
-    assert track.readyState == "ended" and pacer.closed
-    assert convert_threads() == []
-    with pytest.raises(MediaStreamError):
-        await track.recv()
-    waiting.cancel()  # aiortc cancels its sender task the same way
-    with pytest.raises(asyncio.CancelledError):
-        await waiting
-    idle_track.stop()
-    assert asyncio.all_tasks() == {asyncio.current_task()}
-
-
-async def test_stop_wakes_a_recv_waiting_for_the_first_frame() -> None:
-    track = PacedVideoTrack(Pacer(16, 20))
-    pending = asyncio.create_task(track.recv())
-    await settle()
-    assert not pending.done()
-    track.stop()
-    with pytest.raises(MediaStreamError):
-        await asyncio.wait_for(pending, 1.0)
-    assert convert_threads() == []
-
-
-async def test_conversion_runs_off_the_loop_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = FakeClock()
-    pacer = Pacer(16, 20, clock, sleep=clock.sleep)
-    track = PacedVideoTrack(pacer)
-    seen: list[str] = []
-
-    def spy(rgb: np.ndarray) -> av.VideoFrame:
-        seen.append(threading.current_thread().name)
-        return rgb_to_video_frame(rgb)
-
-    monkeypatch.setattr(video_track, "rgb_to_video_frame", spy)
-    pacer.push(gradient_chunk(2, 48, 64), chunk_index=0, first_frame_index=0)
-    try:
-        await track.recv()
-    finally:
-        track.stop()
-    assert len(seen) == 1 and seen[0].startswith(CONVERT_THREAD_PREFIX)
+def test_conversion_keeps_the_picture() -> None:
+    chunk = gradient_chunk(2)
+    frame = rgb_to_video_frame(chunk[1][:, ::-1])  # not contiguous: copied first
+    assert (frame.width, frame.height, frame.format.name) == (W, H, "yuv420p")
+    back = frame.to_ndarray(format="rgb24").astype(np.int16)
+    assert np.abs(back - chunk[1][:, ::-1]).mean() < 3.0  # BT.601 limited range, 4:2:0
 
 
 # ---- codecs ----
@@ -179,45 +92,3 @@ def test_set_video_bitrate_sets_process_wide_limits(restore_encoder_settings: No
         codecs.set_video_bitrate(1_000_000, max_bps=500_000)
     with pytest.raises(ValueError, match="min_bps <= bps <= max_bps"):
         codecs.set_video_bitrate(0)
-
-
-# ---- end to end over a loopback peer connection ----
-
-
-async def test_loopback_peer_connection_receives_paced_h264() -> None:
-    pacer = Pacer(16, 20)
-    track = PacedVideoTrack(pacer)
-    sender_pc, receiver_pc = RTCPeerConnection(), RTCPeerConnection()
-    received: asyncio.Queue[av.VideoFrame] = asyncio.Queue()
-    drains: list[asyncio.Task[None]] = []
-
-    @receiver_pc.on("track")
-    def on_track(remote) -> None:  # type: ignore[no-untyped-def]
-        async def drain() -> None:
-            while True:
-                try:
-                    received.put_nowait(await remote.recv())
-                except MediaStreamError:
-                    return
-
-        drains.append(asyncio.create_task(drain()))
-
-    try:
-        transceiver = sender_pc.addTransceiver(track, direction="sendonly")
-        codecs.prefer_codecs(transceiver)
-        pacer.push(gradient_chunk(16, 96, 128), chunk_index=0, first_frame_index=0)
-        await sender_pc.setLocalDescription(await sender_pc.createOffer())
-        await receiver_pc.setRemoteDescription(sender_pc.localDescription)
-        await receiver_pc.setLocalDescription(await receiver_pc.createAnswer())
-        await sender_pc.setRemoteDescription(receiver_pc.localDescription)
-        got = [await asyncio.wait_for(received.get(), 10.0) for _ in range(3)]
-        assert {(f.width, f.height) for f in got} == {(128, 96)}
-        answer = receiver_pc.localDescription.sdp
-        first_pt = next(line for line in answer.splitlines() if line.startswith("m=video")).split()[3]
-        assert f"a=rtpmap:{first_pt} H264/90000" in answer  # the codec the sender encodes with
-    finally:
-        await sender_pc.close()
-        await receiver_pc.close()
-        track.stop()
-        await asyncio.gather(*drains)  # the remote track ends with the connection
-    assert convert_threads() == []
