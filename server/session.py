@@ -77,6 +77,9 @@ log = logging.getLogger("worldrtc.session")
 
 PENDING_CONTROLS = 512  # control arrival times kept for control-to-frame latency (oldest dropped)
 LATENCY_SAMPLES = 64  # recent control-to-frame samples behind the stats' p50
+# A spectator joins with frames of the last chunks still queued ahead of it: their `chunk` messages
+# (sent before it came) are sent again as it connects, so it can place every frame it receives.
+CATCH_UP_CHUNKS = 3
 REVOKED_TOKENS_KEPT = 64  # revoked watch tokens remembered (to answer 403 "revoked" rather than 401)
 RATE_NOTICE_S = 1.0  # at most one `rate_limited` error a second: a flood must not be answered in kind
 BEHIND_CHUNKS = 8  # the recent chunks whose median period decides whether generation is behind
@@ -149,6 +152,7 @@ class ServerSession:
         self.revoked_watch_tokens: deque[str] = deque(maxlen=REVOKED_TOKENS_KEPT)
         self.spectators: dict[str, Spectator] = {}
         self.spectators_joined = 0
+        self._recent_chunks: deque[str] = deque(maxlen=CATCH_UP_CHUNKS)  # the last `chunk` messages, as sent
         self.engine_session: str | None = None
         self._controls = ControlState()
         # The engine asks for controls and dispatch verdicts on its scheduler thread; the loop feeds both.
@@ -257,6 +261,7 @@ class ServerSession:
             token,
             self.fanout,
             self.ready_message("spectator"),
+            lambda: list(self._recent_chunks),
             self.settings,
             self.metrics,
             on_closed=self._spectator_left,
@@ -566,24 +571,26 @@ class ServerSession:
         timings: dict[str, float | None] = {f"{s.value}_s": tm.busy_s for s, tm in rec.stages.items()}
         timings["queue_s"] = sum((tm.queue_wait_s or 0.0) for tm in rec.stages.values())
         timings["start_to_pacer_s"] = start_to_pacer
-        self._broadcast(
-            ChunkMsg(
-                index=out.index,
-                first_frame=parts[0][0],
-                num_frames=sum(p[2] for p in parts),
-                pts_start=parts[0][1],
-                pts_end=last_pts + (last_n - 1) * step,
-                # Each part as the pacer got it: exact pts even if it repeated a frame between two parts.
-                parts=parts,
-                applied_seq=rec.control.seq if rec.control is not None else None,
-                applied_keys=sorted(rec.control.keys) if rec.control is not None else [],
-                model_input=rec.model_input,
-                timings=timings,
-                stages={
-                    s.value: (tm.dispatch_t - self._open_perf_t, tm.done_t - self._open_perf_t)
-                    for s, tm in rec.stages.items()
-                    if tm.dispatch_t is not None and tm.done_t is not None
-                },
+        self._recent_chunks.append(
+            self._broadcast(
+                ChunkMsg(
+                    index=out.index,
+                    first_frame=parts[0][0],
+                    num_frames=sum(p[2] for p in parts),
+                    pts_start=parts[0][1],
+                    pts_end=last_pts + (last_n - 1) * step,
+                    # Each part as the pacer got it: exact pts even if it repeated a frame between two parts.
+                    parts=parts,
+                    applied_seq=rec.control.seq if rec.control is not None else None,
+                    applied_keys=sorted(rec.control.keys) if rec.control is not None else [],
+                    model_input=rec.model_input,
+                    timings=timings,
+                    stages={
+                        s.value: (tm.dispatch_t - self._open_perf_t, tm.done_t - self._open_perf_t)
+                        for s, tm in rec.stages.items()
+                        if tm.dispatch_t is not None and tm.done_t is not None
+                    },
+                )
             )
         )
 
@@ -724,12 +731,13 @@ class ServerSession:
         with contextlib.suppress(Exception):  # a channel closing under us is not an error worth raising
             self.channel.send(text)
 
-    def _broadcast(self, message: ServerMessage) -> None:
-        """To the driver and every spectator, serialized once."""
+    def _broadcast(self, message: ServerMessage) -> str:
+        """To the driver and every spectator, serialized once; returns the text sent."""
         text = message.to_json()
         self._send_text(text)
         for spectator in self.spectators.values():
             spectator.send_text(text)
+        return text
 
     def _send_error(self, code: str, message: str) -> None:
         self.metrics.errors.labels(code).inc()

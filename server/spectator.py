@@ -63,6 +63,7 @@ class Spectator:
         token: str,
         fanout: VideoFanout,
         ready: ReadyMsg,
+        catch_up: Callable[[], list[str]],
         settings: Settings,
         metrics: Metrics,
         on_closed: Callable[[Spectator], None],
@@ -76,6 +77,7 @@ class Spectator:
         self.ended: EndReason | None = None
         self._fanout = fanout
         self._ready = ready
+        self._catch_up = catch_up  # the session's recent `chunk` messages, sent when the channel opens
         self._on_closed = on_closed
         self.loop = asyncio.get_running_loop()
         self.pc = new_peer_connection(settings.ice_servers)
@@ -193,6 +195,8 @@ class Spectator:
 
         def opened() -> None:
             self.send_text(self._ready.to_json())
+            for text in self._catch_up():
+                self.send_text(text)
             if self._start_pts is not None:
                 self.send_text(VideoStartMsg(pts=self._start_pts).to_json())
 

@@ -11,8 +11,8 @@
 The watch token comes with the session's create response (`watch_url`, `watch_token`; for a WHEP
 driver, in the `Worldrtc-Watch-URL` and `Worldrtc-Watch-Token` headers). It is a capability: it lets
 its holder watch that one session and nothing else, and it is never the driver's token. The API
-token, where the server has one, also watches (an operator). Refusals are counted in
-`worldrtc_watch_refused_total{reason}`:
+token, where the server has one, also watches (an operator). Refused requests to watch are
+counted in `worldrtc_watch_refused_total{reason}` (a spectator's DELETE, a leave, is not):
 
     missing        no bearer token                                  401
     wrong          a token that is nobody's                         401
@@ -56,33 +56,37 @@ def _same(given: str, token: str | None) -> bool:
     return token is not None and secrets.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode())
 
 
-def authorize_watch(state: "AppState", session_id: str, request: Request) -> tuple[ServerSession, str]:
-    """The session and the token that may watch it, or a refusal (counted, see the module docstring).
-    Without a token that is good for something, the answer is 401 whether or not the session exists."""
+def authorize_watch(
+    state: "AppState", session_id: str, request: Request, *, joining: bool = True
+) -> tuple[ServerSession, str]:
+    """The session and the token that may watch it, or a refusal (see the module docstring).
+    Without a token that is good for something, the answer is 401 whether or not the session exists.
+    Only requests to join (`joining`) are counted and need the session to be live: a spectator's
+    DELETE after its session ended is a leave, not an attempt to watch."""
+
+    def refuse(reason: str, error: Exception) -> Exception:
+        if joining:
+            state.metrics.watch_refused.labels(reason).inc()
+        return error
+
     header = request.headers.get("authorization", "")
     if not header.startswith("Bearer ") or not header[7:]:
-        raise _refuse(state, "missing", Unauthorized("watching takes 'Authorization: Bearer <watch token>'"))
+        raise refuse("missing", Unauthorized("watching takes 'Authorization: Bearer <watch token>'"))
     token = header[7:]
     session = state.sessions.get(session_id)
     if session is not None:
         if _same(token, session.watch_token) or _same(token, state.settings.api_token):
-            if session.state not in ACTIVE:
-                why = f"session {session.id} has ended: there is nothing to watch"
-                raise _refuse(state, "ended", SessionClosed(why))
+            if joining and session.state not in ACTIVE:
+                raise refuse("ended", SessionClosed(f"session {session.id} has ended: there is nothing to watch"))
             return session, token
         if _same(token, session.token):
             why = "that is the session's driver token; watching takes its watch token (watch_token)"
-            raise _refuse(state, "driver_token", Forbidden(why))
+            raise refuse("driver_token", Forbidden(why))
         if any(_same(token, old) for old in session.revoked_watch_tokens):
-            raise _refuse(state, "revoked", Forbidden("the driver revoked this watch token; ask for a new link"))
+            raise refuse("revoked", Forbidden("the driver revoked this watch token; ask for a new link"))
     if any(_same(token, s.watch_token) for s in state.sessions.values() if s is not session):
-        raise _refuse(state, "other_session", Forbidden("this watch token is for another session"))
-    raise _refuse(state, "wrong", Unauthorized("wrong watch token"))
-
-
-def _refuse(state: "AppState", reason: str, error: Exception) -> Exception:
-    state.metrics.watch_refused.labels(reason).inc()
-    return error
+        raise refuse("other_session", Forbidden("this watch token is for another session"))
+    raise refuse("wrong", Unauthorized("wrong watch token"))
 
 
 def watch_router(state: "AppState") -> APIRouter:
@@ -92,11 +96,14 @@ def watch_router(state: "AppState") -> APIRouter:
 
     @router.post("/watch", status_code=201, response_class=Response)
     async def watch(session_id: str, request: Request) -> Response:
+        authorize_watch(state, session_id, request)
+        sdp = await read_sdp_offer(request)
+        # Checked again after the body: the session may have ended while it arrived, and the node's
+        # count must be read with no wait before the spectator joins the session's table.
         session, token = authorize_watch(state, session_id, request)
         if state.spectator_count() >= settings.max_spectators:
             state.metrics.watch_refused.labels("node_full").inc()
             raise Busy(f"this node has {settings.max_spectators} spectators, the most it takes", retry_after_s=5)
-        sdp = await read_sdp_offer(request)
         spectator, answer = await session.add_spectator(await state.local_offer(sdp), token)
         location = state.node_url(f"/v1/sessions/{session.id}/watch/{spectator.id}")
         response = Response(answer, status_code=201, media_type=SDP, headers={"Location": location})
@@ -106,7 +113,7 @@ def watch_router(state: "AppState") -> APIRouter:
 
     @router.delete("/watch/{spectator_id}")
     async def stop_watching(session_id: str, spectator_id: str, request: Request) -> Response:
-        session, _ = authorize_watch(state, session_id, request)
+        session, _ = authorize_watch(state, session_id, request, joining=False)
         spectator = session.spectators.get(spectator_id)
         if spectator is None:
             raise NotFound(f"no spectator {spectator_id!r} watching session {session_id!r}")
@@ -114,7 +121,8 @@ def watch_router(state: "AppState") -> APIRouter:
         return Response(status_code=200)
 
     @router.patch("/watch/{spectator_id}")
-    async def trickle(session_id: str, spectator_id: str) -> Response:
+    async def trickle(session_id: str, spectator_id: str, request: Request) -> Response:
+        authorize_watch(state, session_id, request, joining=False)
         raise MethodNotAllowed("trickle ICE is not supported: put every candidate in the offer (wait for gathering)")
 
     @router.post("/watch-token")

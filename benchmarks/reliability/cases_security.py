@@ -1,6 +1,7 @@
 """Rows 16-19: who may call what, from which origin, and where the server listens.
 
-16 auth matrix      every route × no token, wrong, server's, own session's, another session's, in the query
+16 auth matrix      every route × no token, wrong, server's, own session's, its watch token, another session's,
+                    in the query
 17 route inventory  every route of the app, as built: documented here, and 401 without a token
 18 CORS             allowed, disallowed and `null` origins
 19 default bind     every listening socket of a default server (HTTP, and ICE during a session)
@@ -31,6 +32,7 @@ WITH_TOKEN = ServerConfig().with_env(api_token=API_TOKEN, create_burst=100_000, 
 PUBLIC = "public"  # health, readiness, the browser client's files
 API = "api"  # the server's API token
 SESSION = "session"  # the API token, or the session's own token
+WATCH = "watch"  # the API token, or the session's watch token (never its driver token)
 ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/healthz"): PUBLIC,
     ("GET", "/readyz"): PUBLIC,
@@ -54,7 +56,13 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/v1/whep"): API,
     ("DELETE", "/v1/whep/{session_id}"): API,
     ("PATCH", "/v1/whep/{session_id}"): API,
+    ("POST", "/v1/sessions/{session_id}/watch"): WATCH,
+    ("DELETE", "/v1/sessions/{session_id}/watch/{spectator_id}"): WATCH,
+    ("PATCH", "/v1/sessions/{session_id}/watch/{spectator_id}"): WATCH,
+    ("POST", "/v1/sessions/{session_id}/watch-token"): SESSION,
+    ("DELETE", "/v1/sessions/{session_id}/watch-token"): SESSION,
 }
+CREDENTIALS = ("none", "wrong", "api", "own", "watch", "other", "query")
 
 
 @dataclass(frozen=True)
@@ -80,13 +88,14 @@ def _routes_of(settings: Settings) -> set[tuple[str, str]]:
 
 
 def _concrete(path: str, sid: str) -> str:
-    return path.replace("{session_id}", sid).replace("{name}", "main-street").replace("/static", "/static/js/main.js")
+    path = path.replace("{session_id}", sid).replace("{spectator_id}", "0123456789abcdef")
+    return path.replace("{name}", "main-street").replace("/static", "/static/js/main.js")
 
 
 def _body(method: str, path: str) -> dict[str, Any]:
     if path.endswith("/offer"):
         return {"json": {"sdp": "v=0", "type": "offer"}}
-    if path == "/v1/whep" and method == "POST":
+    if (path == "/v1/whep" or path.endswith("/watch")) and method == "POST":
         return {"content": b"v=0\r\n", "headers": {"content-type": "application/sdp"}}
     if path == "/v1/sessions" and method == "POST":
         return {"json": {}}
@@ -96,8 +105,9 @@ def _body(method: str, path: str) -> dict[str, Any]:
 @case(
     16,
     "auth matrix",
-    "every route × no token, wrong token, the server's, the session's own, another session's, token in the query",
-    "only the right ones pass; the token never appears in logs or bodies",
+    "every route × no token, wrong token, the server's, the session's own, its watch token, another session's, "
+    "token in the query",
+    "only the right ones pass (a watch token opens only the watch routes); tokens never appear in logs or bodies",
 )
 def auth_matrix(lab: Lab, r: CaseResult) -> None:
     server = lab.server(WITH_TOKEN)
@@ -108,16 +118,17 @@ def auth_matrix(lab: Lab, r: CaseResult) -> None:
     wrong: list[str] = []
     outcomes: dict[str, dict[str, int]] = {}
     for (method, path), who in sorted(ROUTES.items()):
-        for cred_name in ("none", "wrong", "api", "own", "other", "query"):
+        for cred_name in CREDENTIALS:
             # Fresh sessions for every request: a DELETE or a bad offer must not change the next answer.
             own = anon.post("/v1/sessions", json={}, headers=api).json()
             other = anon.post("/v1/sessions", json={}, headers=api).json()
-            seen_tokens |= {own["token"], other["token"]}
+            seen_tokens |= {own["token"], other["token"], own["watch_token"], other["watch_token"]}
             cred = {
                 "none": Credential("none", None),
                 "wrong": Credential("wrong", "Bearer not-the-token"),
                 "api": Credential("api", f"Bearer {API_TOKEN}"),
                 "own": Credential("own", f"Bearer {own['token']}"),
+                "watch": Credential("watch", f"Bearer {own['watch_token']}"),
                 "other": Credential("other", f"Bearer {other['token']}"),
                 "query": Credential("query", None, f"?token={API_TOKEN}&access_token={API_TOKEN}"),
             }[cred_name]
@@ -128,10 +139,16 @@ def auth_matrix(lab: Lab, r: CaseResult) -> None:
             url = _concrete(path, own["session_id"]) + cred.query
             resp = anon.request(method, url, headers=headers, **kwargs)
             outcomes.setdefault(f"{method} {path}", {})[cred_name] = resp.status_code
-            should_pass = who == PUBLIC or cred_name == "api" or (who == SESSION and cred_name == "own")
-            if (resp.status_code != 401) != should_pass:
+            should_pass = (
+                who == PUBLIC
+                or cred_name == "api"
+                or (who == SESSION and cred_name == "own")
+                or (who == WATCH and cred_name == "watch")
+            )
+            if (resp.status_code not in (401, 403)) != should_pass:
                 wrong.append(f"{method} {path} with {cred_name}: {resp.status_code}")
-            if not (method == "POST" and path == "/v1/sessions"):  # the create answer carries its own token
+            # The create answer carries the session's tokens, and a new watch token is the answer to its POST.
+            if not (method == "POST" and path.endswith(("/v1/sessions", "/watch-token"))):
                 bodies.append(resp.text)
             for sid in (own["session_id"], other["session_id"]):
                 anon.delete(f"/v1/sessions/{sid}", headers=api)
@@ -142,7 +159,7 @@ def auth_matrix(lab: Lab, r: CaseResult) -> None:
     r.figures = {"outcomes": outcomes, "wrong": wrong, "tokens_in_log": in_log, "tokens_in_bodies": in_bodies}
     r.checks = [
         equal("requests answered otherwise than the table says", len(wrong), 0),
-        equal("requests made", sum(len(v) for v in outcomes.values()), 6 * len(ROUTES)),
+        equal("requests made", sum(len(v) for v in outcomes.values()), len(CREDENTIALS) * len(ROUTES)),
         equal("tokens found in the server log", in_log, []),
         equal("tokens found in response bodies", in_bodies, []),
         holds("query strings in the access log are redacted", "token=redacted" in log),

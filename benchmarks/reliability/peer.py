@@ -7,6 +7,11 @@ and a crashed viewer is a killed process):
         connect, print a line, send R valid control messages a second for D seconds, print what was sent
     python -m benchmarks.reliability.peer tamper URL
         offer with a DTLS fingerprint that is not this peer's certificate's, print what happened
+    python -m benchmarks.reliability.peer watch URL --watch-url W --watch-token T [--frames N]
+        watch a session as a spectator, receive N frames, print one JSON line, wait to be killed
+    python -m benchmarks.reliability.peer crowd URL --watch-url W --watch-token T --spectators N
+        print a line, and on SIGUSR1 start N spectators at once and print when each got its first
+        frame; on SIGTERM end every watch (WHEP DELETE) and print what each received meanwhile
 
 Each prints JSON lines on stdout: {"event": ...}.
 """
@@ -17,6 +22,7 @@ import argparse
 import asyncio
 import json
 import re
+import signal
 import sys
 import time
 from typing import Any
@@ -90,21 +96,66 @@ async def tamper(url: str, wait_s: float) -> None:
     await pc.close()
 
 
+async def watch(url: str, watch_url: str, token: str, frames: int) -> None:
+    session = await Session.watching(url, watch_url, token).start()
+    assert session.info is not None
+    async for _ in session.frames(limit=frames):
+        pass
+    emit("watching", resource=session.info["resource"], frames=len(session.run.frames))
+    await asyncio.sleep(3600)  # until killed
+
+
+async def crowd(url: str, watch_url: str, token: str, n: int) -> None:
+    loop = asyncio.get_running_loop()
+    go, leave = asyncio.Event(), asyncio.Event()
+    loop.add_signal_handler(signal.SIGUSR1, go.set)
+    loop.add_signal_handler(signal.SIGTERM, leave.set)
+    emit("ready")
+    await go.wait()
+    spectators = [Session.watching(url, watch_url, token) for _ in range(n)]
+    t0 = time.perf_counter()
+    started = await asyncio.gather(*(s.start() for s in spectators), return_exceptions=True)
+    failed = [f"{type(x).__name__}: {x}" for x in started if isinstance(x, BaseException)]
+    first = [s.run.first_frame_t - t0 for s in spectators if s.run.first_frame_t is not None]
+    joined_t = time.perf_counter()
+    emit("joined", first_frame_s=first, failed=failed)
+    await leave.wait()
+    left_t = time.perf_counter()
+    held = [
+        len({f.stamp for f in s.run.frames if joined_t <= f.t <= left_t and f.stamp is not None}) for s in spectators
+    ]
+    ends = await asyncio.gather(*(s.close() for s in spectators), return_exceptions=True)
+    emit(
+        "left",
+        held_s=left_t - joined_t,
+        unique_frames=held,
+        done=[(s.run.done or {}).get("code") for s in spectators],
+        close_errors=[f"{type(x).__name__}: {x}" for x in ends if isinstance(x, BaseException)],
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.reliability.peer")
-    p.add_argument("mode", choices=("hang", "flood", "tamper"))
+    p.add_argument("mode", choices=("hang", "flood", "tamper", "watch", "crowd"))
     p.add_argument("url")
     p.add_argument("--frames", type=int, default=8)
     p.add_argument("--rate", type=float, default=2000.0)
     p.add_argument("--duration-s", type=float, default=10.0)
     p.add_argument("--wait-s", type=float, default=8.0)
+    p.add_argument("--watch-url", default="")
+    p.add_argument("--watch-token", default="")
+    p.add_argument("--spectators", type=int, default=4)
     a = p.parse_args(argv)
     if a.mode == "hang":
         asyncio.run(hang(a.url, a.frames))
     elif a.mode == "flood":
         asyncio.run(flood(a.url, a.rate, a.duration_s))
-    else:
+    elif a.mode == "tamper":
         asyncio.run(tamper(a.url, a.wait_s))
+    elif a.mode == "watch":
+        asyncio.run(watch(a.url, a.watch_url, a.watch_token, a.frames))
+    else:
+        asyncio.run(crowd(a.url, a.watch_url, a.watch_token, a.spectators))
     return 0
 
 

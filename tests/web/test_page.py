@@ -16,6 +16,10 @@ and only the world model is not; `--max-sessions 1`, so a second session meets a
   without mouse look (Temple Run) offers no mouse, and keys a model ignores are not listed.
 - Client modules: every ES module under web/js is named by index.html and served with a JavaScript
   type (browsers refuse to run a module script served as anything else).
+- Spectators: the driver's share link opens a spectator's view (the video and the HUD, no controls,
+  nothing created and no model description read); the driver sees who watches; Leave ends the watch
+  on the server; a new link ends the old one's watch ("The driver stopped sharing"), and the old link
+  is refused in the server's words; when the driver stops, the spectator is told the world has ended.
 """
 
 from __future__ import annotations
@@ -390,4 +394,120 @@ def test_the_session_downloads_as_video_and_recording(browser: Any, server: Serv
     assert got.value.suggested_filename.endswith(".mp4")
     assert Path(got.value.path()).read_bytes()[4:8] == b"ftyp"
     page.context.close()
+    no_page_errors(errors)
+
+
+# Everything a driver has that a spectator must not: the start form (scenes, prompt, seed, start and
+# stop, downloads), the keys' help and the timeline, the touch controls and mouse look, sharing.
+DRIVER_ONLY = [
+    "#start-form",
+    "#scenes",
+    "#prompt",
+    "#start-btn",
+    "#stop-btn",
+    "#download-video-btn",
+    "#download-recording-btn",
+    "#help",
+    "#timeline-btn",
+    "#touch-controls",
+    "#look-btn",
+    "#share",
+    "#hud-latency",
+    "#hud-predicted",
+]
+
+
+def open_spectator(browser: Any, link: str, errors: list[str], requests: list[str]) -> Any:
+    page = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("request", lambda r: requests.append(f"{r.method} {r.url}") if "/v1/" in r.url else None)
+    page.goto(link)
+    return page
+
+
+def spectators_on_server(server: ServerProcess, session_id: str) -> int:
+    return int(httpx.get(f"{server.url}/v1/sessions/{session_id}").json()["metrics"]["spectators"])
+
+
+def wait_ended(page: Any, code: str) -> str:
+    page.wait_for_function("(code) => (window.worldrtc.ended || {}).code === code", arg=code, timeout=10_000)
+    return page.locator("#overlay-text").inner_text()
+
+
+def test_a_spectator_link_shows_the_world_without_its_controls(
+    browser: Any, server: ServerProcess, errors: list[str]
+) -> None:
+    clipboard = ["clipboard-read", "clipboard-write"]
+    driver = open_page(browser, server, errors, viewport={"width": 1280, "height": 800}, permissions=clipboard)
+    assert not driver.locator("#share").is_visible()  # nothing to share before a session
+    driver.locator("#start-btn").click()
+    wait_streaming(driver)
+    session_id = hook(driver)["sessionId"]
+    link = driver.locator("#share-link").input_value()
+    assert link == hook(driver)["shareLink"] and link.startswith(server.url + "/#watch="), link
+    assert "token=" in link.split("#", 1)[1]  # in the fragment: never sent to the server
+    driver.locator("#share-copy-btn").click()
+    driver.wait_for_function("() => /^Copied/.test(document.getElementById('share-note').textContent)", timeout=5_000)
+    assert driver.evaluate("() => navigator.clipboard.readText()") == link
+
+    requests: list[str] = []
+    spectator = open_spectator(browser, link, errors, requests)
+    wait_streaming(spectator)
+    state = hook(spectator)
+    assert state["role"] == "spectator" and state["sessionId"] is None, state  # it created nothing
+    shown = [sel for sel in DRIVER_ONLY if spectator.locator(sel).is_visible()]
+    assert shown == [], f"a spectator sees the driver's {shown}"
+    assert "Spectator's view" in spectator.locator("#watch-badge").inner_text()
+    assert spectator.locator("#leave-btn").is_visible()
+    assert spectator.locator("#video").evaluate("v => v.videoWidth > 0 && !v.paused")
+    spectator.wait_for_function("() => document.getElementById('hud-spectators').textContent === '1'", timeout=5_000)
+    assert float(spectator.locator("#hud-fps").inner_text()) > 0
+    driver.wait_for_function("() => /^1 spectator/.test(document.getElementById('share-count').textContent)")
+    assert spectators_on_server(server, session_id) == 1
+
+    # The driver's keys show in the spectator's HUD; the spectator's own keys send nothing.
+    driver.locator("#video-box").focus()
+    driver.keyboard.down("w")
+    spectator.wait_for_function(
+        "() => document.getElementById('hud-keys').textContent === 'W'", timeout=CHUNK_TIMEOUT_MS
+    )
+    driver.keyboard.up("w")
+    spectator.locator("#video-box").focus()
+    spectator.keyboard.press("d")
+    assert hook(spectator)["lastSeq"] == {}
+
+    # Leave ends the watch on the server (DELETE), and the link still opens it again.
+    spectator.locator("#leave-btn").click()
+    wait_ended(spectator, "left")
+    assert hook(spectator)["state"] == "closed" and spectator.locator("#overlay-btn").inner_text() == "Watch again"
+    driver.wait_for_function("() => /^Nobody/.test(document.getElementById('share-count').textContent)")
+    assert spectators_on_server(server, session_id) == 0
+    spectator.locator("#overlay-btn").click()
+    spectator.wait_for_function("() => window.worldrtc.state === 'streaming'", timeout=STREAM_TIMEOUT_MS)
+
+    # A new link ends the old one's watch, and the old link is refused in the server's words.
+    driver.locator("#share-new-btn").click()
+    assert wait_ended(spectator, "revoked") == "The driver stopped sharing."
+    assert not spectator.locator("#overlay-btn").is_visible()  # watching again cannot help
+    new_link = driver.locator("#share-link").input_value()
+    assert new_link != link and new_link == hook(driver)["shareLink"]
+    spectator.reload()
+    spectator.wait_for_function("() => window.worldrtc.state === 'error'", timeout=10_000)
+    assert hook(spectator)["errorCode"] == "forbidden"
+    assert "revoked" in spectator.locator("#overlay-text").inner_text()
+
+    # With the new link: watching until the driver stops, which ends the world for its spectators.
+    spectator.context.close()
+    spectator = open_spectator(browser, new_link, errors, requests)
+    wait_streaming(spectator)
+    stop(driver)
+    assert wait_ended(spectator, "driver_left") == "The driver left; the world has ended."
+    assert not spectator.locator("#leave-btn").is_enabled()
+    spectator.context.close()
+    # A spectator asks for ICE servers and watches; it creates no session and reads no model.
+    paths = {" ".join([r.split()[0], "/" + r.split("/", 3)[3].split("?")[0]]) for r in requests}
+    watch = f"/v1/sessions/{session_id}/watch"
+    left = {p for p in paths if p.startswith(f"DELETE {watch}/")}  # Leave
+    assert len(left) == 1 and paths - left == {"GET /v1/ice-servers", f"POST {watch}"}, paths
     no_page_errors(errors)

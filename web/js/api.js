@@ -49,24 +49,36 @@ export async function api(method, path, body, token) {
   try {
     resp = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
   } catch (err) {
-    throw new ApiError(0, "network", "Cannot reach the server. Is it running, and is this the right address?");
+    throw unreachable();
   }
   const text = await resp.text();
-  let data = null;
+  if (!resp.ok) throw responseError(resp, text);
+  return parseJson(text);
+}
+
+function parseJson(text) {
   try {
-    data = text ? JSON.parse(text) : null;
+    return text ? JSON.parse(text) : null;
   } catch (_) {
-    data = null;
+    return null;
   }
-  if (!resp.ok) {
-    const retry = Number.parseFloat(resp.headers.get("Retry-After") || "");
-    let message = (data && (data.message || (typeof data.detail === "string" ? data.detail : null))) || "";
-    if (!message && data && Array.isArray(data.detail)) message = data.detail.map((d) => d.msg).join("; ");
-    if (!message) message = `${resp.status} ${resp.statusText || "error"}`;
-    throw new ApiError(resp.status, (data && data.error) || `http_${resp.status}`, message,
-      Number.isFinite(retry) ? retry : null);
-  }
-  return data;
+}
+
+// A fetch that never got an answer.
+export function unreachable() {
+  return new ApiError(0, "network", "Cannot reach the server. Is it running, and is this the right address?");
+}
+
+// A refused request (`resp` not ok, `text` its body): server/errors.py's {error, message}, FastAPI's
+// {detail}, or else the status line. Also for the requests that are not JSON (a spectator's SDP offer).
+export function responseError(resp, text) {
+  const data = parseJson(text);
+  const retry = Number.parseFloat(resp.headers.get("Retry-After") || "");
+  let message = (data && (data.message || (typeof data.detail === "string" ? data.detail : null))) || "";
+  if (!message && data && Array.isArray(data.detail)) message = data.detail.map((d) => d.msg).join("; ");
+  if (!message) message = `${resp.status} ${resp.statusText || "error"}`;
+  return new ApiError(resp.status, (data && data.error) || `http_${resp.status}`, message,
+    Number.isFinite(retry) ? retry : null);
 }
 
 export const sentence = (text) => {

@@ -45,7 +45,10 @@ export function renderHud() {
   el.hudBuffered.textContent = server && typeof server.buffered_ms === "number" ? `${Math.round(server.buffered_ms)} ms` : "–";
   el.hudRepeats.textContent = server && typeof server.repeats_per_s === "number" ? fmt(server.repeats_per_s, 1) : "–";
   el.hudRtt.textContent = st.rttMs === null ? "–" : `${Math.round(st.rttMs)} ms`;
-  el.hudKeys.textContent = live && s.heldCodes.size ? heldKeys(s).join(" ").toUpperCase() : "–";
+  el.hudSpectators.textContent = server && typeof server.spectators === "number" ? String(server.spectators) : "–";
+  // A spectator holds no keys: its row shows the driver's, as the last chunk applied them.
+  const keys = hook.role === "spectator" ? (chunk && chunk.applied_keys) || [] : live ? heldKeys(s) : [];
+  el.hudKeys.textContent = live && keys.length ? keys.join(" ").toUpperCase() : "–";
 }
 
 // ---------------------------------------------------------------- the HUD's stage timeline

@@ -8,12 +8,16 @@ import { ApiError, api, describeApiError, sentence, transient } from "./api.js";
 import { send, startLookLoop } from "./controls.js";
 import { el } from "./dom.js";
 import { onChunk, startFrameWatch } from "./latency.js";
+import {
+  alive, armFirstFrameTimer, getIceServers, newConnection, onMessages, releasePeer, resetStats, showVideo,
+  waitIceGathering, watchConnection,
+} from "./peer.js";
+import { hideShare, showShare, showWatching } from "./share.js";
 import { app, heldKeys, hook } from "./state.js";
 import { setState, showMessage, showModel, updateControls } from "./status.js";
 
 // ---- client timings (the server's limits arrive with GET /v1/model) ----
 const PING_INTERVAL_MS = 1000; // for the HUD's round-trip time only: the server watches the connection
-const LOST_GRACE_MS = 3000; // pc "disconnected"/"failed" this long counts as a lost connection
 const ICE_GATHER_TIMEOUT_MS = 5000; // no trickle: wait for gathering, but not forever
 const CONNECT_TIMEOUT_MS = 20000; // answer applied → control channel open (the server's ICE limit is 15 s)
 const FIRST_FRAME_TIMEOUT_MS = 90000; // channel open → first frame: model compute, generous for big models
@@ -30,46 +34,14 @@ let reconnectTimer = null;
 
 function newSession(body, startedAt) {
   return {
+    ...newConnection(startedAt),
     body,
-    startedAt, // performance.now() of the Start click (first-frame time counts from here)
     id: null,
     url: null, // the session's REST resource, on the node that holds it (set with id)
     token: null,
-    pc: null,
-    dc: null,
-    seq: 0,
-    closing: false,
     done: null, // reason from the server's "done"
     failed: null, // message of a session_failed error that came before "done"
-    firstFrameAt: null,
-    timers: { ping: null, firstFrame: null, lost: null, stats: null },
-    rvfcHandle: null,
-    rafHandle: null,
-    heldCodes: new Map(), // event.code → camera key
-    look: { dx: 0, dy: 0, lastSent: 0 },
-    probes: [], // key changes not yet applied: {seq, sentAt}
-    matched: [], // applied by a chunk that has arrived: {seq, sentAt, ptsStart, arrivedAt}
-    lastPts: null, // pts of the frame on screen
-    ptsImplausible: 0, // chunks whose pts_start could not be a frame in flight (see ptsPlausible)
-    rtpOrigin: null, // RTP timestamp of pts 0 (first frame of the session), when the browser exposes it
-    g2g: [],
-    frameTimes: [], // [time, frames] for the fps window
-    shownPts: [], // [pts, time] of recently presented frames, for chunks whose message comes after
-
-    lastPresented: null,
-    chunkArrivals: [],
-    statsBase: null, // getStats fallback
   };
-}
-
-function resetStats() {
-  Object.assign(hook.stats, {
-    framesDisplayed: 0, fps: 0, firstFrameS: null,
-    g2gP50Ms: null, g2gLastMs: null, g2gSamples: 0, g2gMethod: null, g2gLog: [],
-    chunksReceived: 0, lastChunk: null, serverStats: null, rttMs: null, ptsAheadFrames: null,
-  });
-  hook.error = null;
-  el.hudError.textContent = "";
 }
 
 export async function start(body, startedAt, { isReconnect = false } = {}) {
@@ -96,6 +68,7 @@ export async function start(body, startedAt, { isReconnect = false } = {}) {
       deleteSession(s); // stopped while the create request was in flight
       return;
     }
+    showShare(s, created);
     hook.sessionId = s.id;
     setState("connecting", "Connecting the video stream…");
 
@@ -118,7 +91,7 @@ export async function start(body, startedAt, { isReconnect = false } = {}) {
       { sdp: local.sdp, type: local.type }, s.token);
     if (!alive(s)) return;
     await pc.setRemoteDescription({ sdp: answer.sdp, type: answer.type || "answer" });
-    armFirstFrameTimer(s, CONNECT_TIMEOUT_MS, "No connection within 20 s. The network may block WebRTC " +
+    armFirstFrame(s, CONNECT_TIMEOUT_MS, "No connection within 20 s. The network may block WebRTC " +
       "(UDP), or the server may need a TURN server (GET /v1/ice-servers).");
     startFrameWatch(s, () => setState("streaming", ""));
     startLookLoop(s);
@@ -135,95 +108,23 @@ export async function start(body, startedAt, { isReconnect = false } = {}) {
   }
 }
 
-function armFirstFrameTimer(s, ms, text) {
-  clearTimeout(s.timers.firstFrame);
-  s.timers.firstFrame = setTimeout(function check() {
-    if (!alive(s) || s.firstFrameAt !== null) return;
-    // Hidden tabs present no frames, so the wait only counts while the page is visible.
-    if (document.hidden) s.timers.firstFrame = setTimeout(check, 1000);
-    else fail(s, text, { retry: false });
-  }, ms);
-}
-
-function alive(s) {
-  return s === app.current && !s.closing;
-}
-
-async function getIceServers() {
-  try {
-    const data = await api("GET", "/v1/ice-servers");
-    return Array.isArray(data && data.ice_servers) ? data.ice_servers : [];
-  } catch (_) {
-    return []; // loopback and LAN work without STUN/TURN
-  }
-}
-
-function waitIceGathering(pc, timeoutMs) {
-  if (pc.iceGatheringState === "complete") return Promise.resolve();
-  return new Promise((resolve) => {
-    const done = () => {
-      clearTimeout(timer);
-      pc.removeEventListener("icegatheringstatechange", check);
-      pc.removeEventListener("icecandidate", onCandidate);
-      resolve();
-    };
-    const check = () => {
-      if (pc.iceGatheringState === "complete") done();
-    };
-    const onCandidate = (ev) => {
-      if (!ev.candidate) done(); // end-of-candidates
-    };
-    // Past the timeout, send what has been gathered: host candidates come first and are enough locally.
-    const timer = setTimeout(done, timeoutMs);
-    pc.addEventListener("icegatheringstatechange", check);
-    pc.addEventListener("icecandidate", onCandidate);
-  });
+// No video in time: the error says why, and a new try would most likely meet the same.
+function armFirstFrame(s, ms, text) {
+  armFirstFrameTimer(s, ms, () => fail(s, text, { retry: false }));
 }
 
 function wirePeer(s, pc) {
-  pc.ontrack = (ev) => {
-    if (s !== app.current) return;
-    const stream = ev.streams && ev.streams[0] ? ev.streams[0] : new MediaStream([ev.track]);
-    el.video.srcObject = stream;
-    const p = el.video.play();
-    if (p && p.catch) p.catch(() => {}); // muted autoplay is allowed; ignore interrupted play()
-  };
+  showVideo(s, pc);
   pc.ondatachannel = (ev) => wireChannel(s, ev.channel, false); // a server-opened "status" channel
-  pc.onconnectionstatechange = () => {
-    if (s !== app.current || s.closing) return;
-    const st = pc.connectionState;
-    if (st === "connected") {
-      clearTimeout(s.timers.lost);
-      s.timers.lost = null;
-      if (hook.state === "streaming") el.hudError.textContent = "";
-    } else if (st === "disconnected" || st === "failed") {
-      if (hook.state === "streaming") el.hudError.textContent = `Network ${st}; waiting up to 3 s…`;
-      if (!s.timers.lost) {
-        s.timers.lost = setTimeout(() => {
-          lost(s, `The connection to the server was lost (WebRTC ${pc.connectionState}).`);
-        }, LOST_GRACE_MS);
-      }
-    } else if (st === "closed") {
-      lost(s, "The connection to the server closed.");
-    }
-  };
+  watchConnection(s, pc, lost);
 }
 
 function wireChannel(s, ch, isControl) {
-  ch.onmessage = (ev) => {
-    if (s !== app.current) return;
-    let msg;
-    try {
-      msg = JSON.parse(ev.data);
-    } catch (_) {
-      return;
-    }
-    onServerMessage(s, msg);
-  };
+  onMessages(s, ch, onServerMessage);
   if (!isControl) return;
   ch.onopen = () => {
     if (s !== app.current) return;
-    armFirstFrameTimer(s, FIRST_FRAME_TIMEOUT_MS, "Connected, but the server sent no video within 90 s.");
+    armFirstFrame(s, FIRST_FRAME_TIMEOUT_MS, "Connected, but the server sent no video within 90 s.");
     // Keys pressed while connecting are sent as one state; then a ping every second for the RTT.
     send(s, { type: "control_state", controls: heldKeys(s) });
     s.timers.ping = setInterval(() => send(s, { type: "ping" }), PING_INTERVAL_MS);
@@ -286,29 +187,9 @@ export function stop() {
 export function teardown(s, { sendStop }) {
   if (s.closing) return;
   if (sendStop) send(s, { type: "stop" });
-  s.closing = true;
-  for (const k of Object.keys(s.timers)) {
-    clearTimeout(s.timers[k]);
-    clearInterval(s.timers[k]);
-    s.timers[k] = null;
-  }
-  if (s.rvfcHandle !== null && el.video.cancelVideoFrameCallback) el.video.cancelVideoFrameCallback(s.rvfcHandle);
-  if (s.rafHandle !== null) cancelAnimationFrame(s.rafHandle);
-  s.heldCodes.clear();
-  if (s.dc) {
-    s.dc.onopen = s.dc.onclose = s.dc.onmessage = null;
-    try {
-      s.dc.close();
-    } catch (_) { /* already closed */ }
-  }
-  if (s.pc) {
-    s.pc.ontrack = s.pc.ondatachannel = s.pc.onconnectionstatechange = null;
-    try {
-      s.pc.close();
-    } catch (_) { /* already closed */ }
-  }
-  el.video.srcObject = null;
+  releasePeer(s);
   if (document.pointerLockElement) document.exitPointerLock();
+  hideShare(s); // its spectators end with it: the link opens nothing any more
   deleteSession(s);
 }
 
@@ -334,6 +215,7 @@ function onServerMessage(s, msg) {
       break;
     case "stats":
       hook.stats.serverStats = msg;
+      showWatching(s, msg.spectators);
       break;
     case "pong":
       if (typeof msg.t === "number") hook.stats.rttMs = performance.now() - msg.t;

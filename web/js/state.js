@@ -4,11 +4,14 @@
 
 // ---- test hook: read by tests/web/test_browser.py and tests/web/test_page.py, updated live ----
 export const hook = {
+  role: "driver", // driver | spectator (the page opened with a spectator link, see view.js)
   state: "idle", // idle | connecting | streaming | closed | error
   sessionId: null,
   error: null,
   errorCode: null, // the server's code of the error shown (e.g. bad_image), null for client-side ones
-  action: null, // what the overlay button offers: reconnect | image | scene | token | null
+  action: null, // what the overlay button offers: reconnect | image | scene | token | watch | null
+  ended: null, // a spectator's watch: {code, reason} of the server's done, or code "left" after Leave
+  shareLink: null, // the driver's spectator link while the session lives (share.js)
   model: null,
   lastSeq: {}, // message type → seq of the last one sent (a chunk's applied_seq ≥ it: applied)
   timeline: null, // the last GET …/timeline the HUD strip drew
@@ -34,7 +37,7 @@ export const app = {
   modelInfo: null, // GET /v1/model
   recorded: null, // { url, token, id } of the last session created: what the download buttons fetch
   choice: null, // {scene: name} | {image: dataUrl, name}
-  current: null, // the live session (see newSession in session.js)
+  current: null, // the live connection: the driver's session (session.js) or a spectator's watch (spectator.js)
   lastBody: null, // the create body of the last session, for reconnects
   // A server bound beyond loopback wants an API token on its REST routes. It comes from the form or
   // from the page address (#token=…), and lives in sessionStorage (see readApiToken in api.js).

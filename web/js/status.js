@@ -13,6 +13,7 @@ const ACTION_LABELS = {
   image: "Choose another image",
   scene: "Pick a scene",
   token: "Enter the API token",
+  watch: "Watch again",
 };
 
 const STATE_TEXT = { idle: "idle", connecting: "connecting", streaming: "streaming", closed: "closed", error: "error" };
@@ -50,9 +51,10 @@ export function setState(state, text, action = null) {
   hook.action = (state === "error" || state === "closed") && action && (app.lastBody || !restartable) ? action : null;
   el.overlayBtn.hidden = hook.action === null;
   if (hook.action) el.overlayBtn.textContent = ACTION_LABELS[hook.action];
-  el.lookBtn.hidden = state !== "streaming" || document.pointerLockElement === el.videoBox || hook.touchUi ||
-    !lookAccepted();
-  el.touchControls.hidden = !(hook.touchUi && state === "streaming");
+  const steers = hook.role === "driver"; // a spectator's view has nothing to steer with
+  el.lookBtn.hidden = !steers || state !== "streaming" || document.pointerLockElement === el.videoBox ||
+    hook.touchUi || !lookAccepted();
+  el.touchControls.hidden = !(steers && hook.touchUi && state === "streaming");
   if (state !== "streaming") el.hudError.textContent = ""; // the overlay says what happened
   updateControls();
   renderHud();
