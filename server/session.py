@@ -1,14 +1,16 @@
-"""One viewer's session: an enum state machine owning a peer connection, its data channel, the
-pacer and video track, and the engine session that generates its frames.
+"""One driver's session: an enum state machine owning a peer connection, its data channel, the
+pacer, the video fan-out (one encode for the driver and every spectator), the session's spectators
+and its watch token, and the engine session that generates its frames.
 
     created ──offer──▶ connecting ──control channel open──▶ streaming ──▶ closing ──▶ closed
         │                  │     (ICE connected, watch-only)                  ▲
         └── no offer in offer_timeout_s / ICE not connected in ice_timeout_s ┴──▶ failed
 
 Every wait has a timeout, every task is owned here and cancelled on close, and `close()` is
-idempotent, tearing down in reverse order of setup (engine session, track, peer connection); its
-`EndReason` goes to the client in `done`. Liveness comes from the connection: its state, the
-control channel's close, and the RTCP receiver reports the viewer sends for the video it gets.
+idempotent, tearing down in reverse order of setup (spectators, engine session, fan-out, peer
+connection); its `EndReason` goes to the client in `done`, and to its spectators as driver_left.
+Liveness comes from the connection: its state, the control channel's close, and the RTCP receiver
+reports the viewer sends for the video it gets.
 Engine callbacks arrive on the scheduler thread and are handed to the event loop; the loop only
 enqueues frames (no copies, no conversion) and sends small JSON messages.
 
@@ -30,7 +32,7 @@ import time
 from collections import deque
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from aiortc import RTCPeerConnection, RTCRtpSender
@@ -63,7 +65,7 @@ from server.recording_store import RecordingStore
 from server.settings import Settings
 from server.spectator import Spectator
 from server.timeline import TIMELINE_CHUNKS, SessionTimeline
-from server.viewer_peer import answer_viewer, new_peer_connection, wait_until_silent
+from server.viewer_peer import answer_viewer, close_peer_connection, new_peer_connection, wait_until_silent
 from workers.chunk_geometry import chunk_num_frames
 from workers.controls import ChunkControl, ControlState, client_contract
 from workers.models.presets import ModelPreset
@@ -229,7 +231,7 @@ class ServerSession:
             return body | {"fps": self.fps, "now_s": 0.0, "chunks": [], "pacer": None, "controls": []}
         return body | self.timeline.report(self.pacer.history, self.fps, time.monotonic(), window_s)
 
-    def ready_message(self, role: str) -> ReadyMsg:
+    def ready_message(self, role: Literal["driver", "spectator"]) -> ReadyMsg:
         p = self.preset
         return ReadyMsg(
             session_id=self.id,
@@ -243,7 +245,7 @@ class ServerSession:
             controls=client_contract(),
             idle_timeout_s=self.settings.idle_timeout_s,
             max_duration_s=self.max_duration_s,
-            role=role,  # type: ignore[arg-type]
+            role=role,
         )
 
     # ---- spectators ----
@@ -365,12 +367,7 @@ class ServerSession:
                 task.cancel()
         await asyncio.gather(*(t for t in self._tasks if t is not current), return_exceptions=True)
         if self.pc is not None:
-            try:
-                await self.pc.close()
-            except Exception as exc:  # aiortc can trip over a half-built connection; the session still ends
-                log.warning("closing the peer connection failed: %s: %s", type(exc).__name__, exc)
-            finally:
-                self.metrics.peer_connections.dec()
+            await close_peer_connection(self.pc, self.metrics)
         self.pacer.close()
         # A closed session stays listed for closed_session_keep_s with its figures, not its media:
         # the connection, its encoder and the track go now.

@@ -42,7 +42,7 @@ from server.protocol import (
 )
 from server.rate_limit import TokenBucket
 from server.settings import Settings
-from server.viewer_peer import answer_viewer, new_peer_connection, wait_until_silent
+from server.viewer_peer import answer_viewer, close_peer_connection, new_peer_connection, wait_until_silent
 
 log = logging.getLogger("worldrtc.spectator")
 
@@ -150,12 +150,7 @@ class Spectator:
             if task is not current:
                 task.cancel()
         await asyncio.gather(*(t for t in self._tasks if t is not current), return_exceptions=True)
-        try:
-            await self.pc.close()
-        except Exception as exc:  # aiortc can trip over a half-built connection; the spectator still ends
-            log.warning("closing a spectator's connection failed: %s: %s", type(exc).__name__, exc)
-        finally:
-            self.metrics.peer_connections.dec()
+        await close_peer_connection(self.pc, self.metrics)
         self.state = SpectatorState.FAILED if code.failed else SpectatorState.CLOSED
         log.info(
             "spectator %s of session %s %s: %s",

@@ -4,6 +4,7 @@ video track, reading which codec that answer chose, and noticing a viewer that h
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -13,7 +14,10 @@ from aiortc import sdp as aiortc_sdp
 from aiortc.mediastreams import MediaStreamTrack
 
 from server.codecs import prefer_codecs
+from server.metrics import Metrics
 from server.offer import OfferError
+
+log = logging.getLogger("worldrtc.peer")
 
 PEER_POLL_S = 0.5  # how often RTCP reports are looked at: a vanished peer is noticed within timeout + this
 
@@ -40,6 +44,16 @@ async def answer_viewer(
     # aiortc gathers all candidates inside setLocalDescription: the answer is complete (no trickle).
     await pc.setLocalDescription(await pc.createAnswer())
     return video[0].sender, negotiated_video_codec(pc.localDescription.sdp, video[0].mid)
+
+
+async def close_peer_connection(pc: RTCPeerConnection, metrics: Metrics) -> None:
+    """Close a viewer's connection and count it gone, even if aiortc trips over a half-built one."""
+    try:
+        await pc.close()
+    except Exception as exc:  # the viewer still ends: its connection is let go either way
+        log.warning("closing a peer connection failed: %s: %s", type(exc).__name__, exc)
+    finally:
+        metrics.peer_connections.dec()
 
 
 def negotiated_video_codec(answer_sdp: str, mid: str | None) -> str:
