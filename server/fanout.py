@@ -30,7 +30,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import av
@@ -131,6 +131,7 @@ class VideoFanout:
         self.forced_keyframes = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=ENCODE_THREAD_PREFIX)
         self._task: asyncio.Task[None] | None = None
+        self._encoding: Future[dict[str | None, EncodedFrame | None]] | None = None  # the encode in flight
         self._closed = False
 
     # ---- viewers ----
@@ -205,7 +206,6 @@ class VideoFanout:
         return True
 
     async def _pump(self) -> None:
-        loop = asyncio.get_running_loop()
         try:
             while True:
                 paced = await self.pacer.wait_next()
@@ -213,9 +213,8 @@ class VideoFanout:
                 if not encoders:
                     continue
                 keyframe = self._take_keyframe()
-                encoded = await loop.run_in_executor(
-                    self._executor, _encode_all, encoders, paced.frame, paced.pts, keyframe
-                )
+                self._encoding = self._executor.submit(_encode_all, encoders, paced.frame, paced.pts, keyframe)
+                encoded = await asyncio.wrap_future(self._encoding)
                 for track in list(self.viewers):
                     frame = encoded.get(track.codec) if track.codec is not None else None
                     if frame is not None:
@@ -236,8 +235,11 @@ class VideoFanout:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        # At most one encode (a few ms) can be in flight; waiting for it leaves no thread behind.
-        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
+        # At most one encode (a few ms) can be in flight: it is awaited here, off the loop's time, so
+        # that joining the encoder thread after it is immediate and leaves no thread behind.
+        if self._encoding is not None and not self._encoding.done():
+            await asyncio.wait([asyncio.wrap_future(self._encoding)])  # its outcome is nobody's now
+        self._executor.shutdown(wait=True, cancel_futures=True)
 
 
 def _encode_all(
