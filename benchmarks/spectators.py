@@ -85,7 +85,7 @@ from benchmarks.delivery import analyze, ids_by_pts
 from benchmarks.local_server import local_server
 from benchmarks.reliability.harness import lag_p99_bound_s
 from benchmarks.trace import Trace
-from benchmarks.webrtc_replay import _engine, _wait_steady, _window, replay
+from benchmarks.webrtc_replay import engine_status, engine_window, replay, wait_steady
 from workers.chunk_geometry import VAE_TIME_STRIDE
 from worldrtc import Session
 from worldrtc.client import ClientRun
@@ -355,7 +355,7 @@ def _lag_histogram(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 async def read(http: httpx.AsyncClient, server_pid: int, watcher_pids: list[int]) -> Reading:
-    engine, metrics = await _engine(http), await _metrics(http)
+    engine, metrics = await engine_status(http), await _metrics(http)
     server = psutil.Process(server_pid)
     descendants: dict[int, float] = {}
     names: dict[int, str] = {}
@@ -492,7 +492,7 @@ async def run_phase(
         t0 = time.perf_counter()
         replaying = asyncio.create_task(replay(driver, trace, args.duration_s))
         print(f"{label}: replaying {args.duration_s:g} s", file=sys.stderr, flush=True)
-        await _wait_steady([driver])
+        await wait_steady([driver])
         joins: list[dict[str, Any]] = []
         if n:
             assert driver.info is not None
@@ -540,7 +540,7 @@ async def run_phase(
         "spectators_requested": n,
         "window_from_replay_start_s": before.t - t0,
         "cpu": cpu_window(before, after),
-        "engine": _window(before.engine, after.engine, after.t - before.t)
+        "engine": engine_window(before.engine, after.engine, after.t - before.t)
         | {"event_loop_lag_p99_s": after.engine.get("event_loop_lag_p99_s")},
         "event_loop_lag_p99_window_bound_s": lag_p99_bound_s(
             _lag_histogram(before.metrics), _lag_histogram(after.metrics)

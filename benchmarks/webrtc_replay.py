@@ -83,7 +83,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-async def _engine(http: httpx.AsyncClient) -> dict[str, Any]:
+async def engine_status(http: httpx.AsyncClient) -> dict[str, Any]:
     return (await http.get("/v1/engine")).json()
 
 
@@ -105,7 +105,7 @@ async def replay(session: Session, trace: Trace, duration_s: float) -> None:
         await asyncio.sleep(rest)
 
 
-async def _wait_steady(clients: list[Session]) -> None:
+async def wait_steady(clients: list[Session]) -> None:
     deadline = time.perf_counter() + STEADY_WAIT_S
     while not all(any(c["index"] >= 1 for c in client.run.chunks) for client in clients):
         if time.perf_counter() > deadline:
@@ -113,7 +113,7 @@ async def _wait_steady(clients: list[Session]) -> None:
         await asyncio.sleep(0.05)
 
 
-def _window(before: dict[str, Any], after: dict[str, Any], wall_s: float) -> dict[str, Any]:
+def engine_window(before: dict[str, Any], after: dict[str, Any], wall_s: float) -> dict[str, Any]:
     """Stage busy/idle seconds between two engine readings, and the DiT's idle fraction."""
     b, a = before["stage_busy_idle_s"], after["stage_busy_idle_s"]
     busy = {s: a[s]["busy_s"] - b[s]["busy_s"] for s in a}
@@ -138,11 +138,11 @@ async def run_policy(args: argparse.Namespace, url: str, trace: Trace, policy: s
             )
             t0 = time.perf_counter()
             replays = [asyncio.create_task(replay(c, trace, args.duration_s)) for c in clients]
-            await _wait_steady(clients)
-            steady_t, before = time.perf_counter(), await _engine(http)
+            await wait_steady(clients)
+            steady_t, before = time.perf_counter(), await engine_status(http)
             await asyncio.gather(*replays)
-            after = await _engine(http)
-            engine = _window(before, after, time.perf_counter() - steady_t)
+            after = await engine_status(http)
+            engine = engine_window(before, after, time.perf_counter() - steady_t)
             servers = [await c.server_info() for c in clients]
             timelines = [await c.timeline() for c in clients]
         finally:

@@ -3,7 +3,7 @@
 The engine (stage worker processes) starts in the background when the app starts, then runs one
 warm-up chunk; `/readyz` turns ready after that, and session routes answer 503 until then. Nothing
 here runs model code or touches a tensor: images are decoded and fitted off the loop, frames arrive
-as ready uint8 arrays, and the video track converts them off the loop too.
+as ready uint8 arrays, and each session's video fan-out converts and encodes them off the loop too.
 """
 
 import asyncio

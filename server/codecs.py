@@ -4,11 +4,12 @@ Codec order. Safari/iOS WebRTC is built around H.264 (hardware decode), so the o
 constrained baseline (profile-level-id 42e01f, packetization-mode 1) first; every browser also does
 VP8, which stays as the fallback. RTX (retransmission) is kept so NACKed packets can be resent.
 
-Bitrate. aiortc builds one encoder per RTP sender (`aiortc.codecs.h264.H264Encoder`,
-`aiortc.codecs.vpx.Vp8Encoder`). Each starts at its module's DEFAULT_BITRATE and REMB feedback from
-the browser moves `encoder.target_bitrate`, clamped to the module's [MIN_BITRATE, MAX_BITRATE]; the
-clamp and the start value are read from the module globals at call time. aiortc has no per-sender
-knob, so `set_video_bitrate` rewrites those globals: the setting is process-wide. That is acceptable
+Bitrate. A session encodes once for all its viewers (`server/shared_encoder.py`, aiortc's encoder
+settings); like aiortc's own encoders (`aiortc.codecs.h264.H264Encoder`, `aiortc.codecs.vpx.Vp8Encoder`)
+it starts at its module's DEFAULT_BITRATE, and the driver's REMB feedback moves its target, clamped
+to the module's [MIN_BITRATE, MAX_BITRATE]; the clamp and the start value are read from the module
+globals at call time. There is no per-sender knob, so `set_video_bitrate` rewrites those globals:
+the setting is process-wide. That is acceptable
 here because one server process serves one model at one resolution with one configured bitrate;
 every session wants the same target. Call it once at startup, before any peer connection encodes.
 It also sets the frame rate aiortc's H.264 encoder assumes for rate control (30 fps by default, which

@@ -131,7 +131,7 @@ class VideoFanout:
         self.forced_keyframes = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=ENCODE_THREAD_PREFIX)
         self._task: asyncio.Task[None] | None = None
-        self._encoding: Future[dict[str | None, EncodedFrame | None]] | None = None  # the encode in flight
+        self._encoding: Future[dict[str, EncodedFrame | None]] | None = None  # the encode in flight
         self._closed = False
 
     # ---- viewers ----
@@ -216,7 +216,7 @@ class VideoFanout:
                 self._encoding = self._executor.submit(_encode_all, encoders, paced.frame, paced.pts, keyframe)
                 encoded = await asyncio.wrap_future(self._encoding)
                 for track in list(self.viewers):
-                    frame = encoded.get(track.codec) if track.codec is not None else None
+                    frame = encoded.get(track.codec or "")
                     if frame is not None:
                         track.offer(frame)
         except PacerClosed:
@@ -242,9 +242,7 @@ class VideoFanout:
         self._executor.shutdown(wait=True, cancel_futures=True)
 
 
-def _encode_all(
-    encoders: list[SharedEncoder], rgb: Any, pts: int, keyframe: bool
-) -> dict[str | None, EncodedFrame | None]:
+def _encode_all(encoders: list[SharedEncoder], rgb: Any, pts: int, keyframe: bool) -> dict[str, EncodedFrame | None]:
     """On the encoder thread: one conversion, then one encode per codec in use."""
     frame = rgb_to_video_frame(rgb)
     return {e.mime: e.encode(frame, pts, keyframe) for e in encoders}

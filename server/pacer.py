@@ -15,9 +15,9 @@ Policies (every buffer has a bound and an overflow policy):
 - Starvation: the next tick repeats the last frame (`repeated`, frame_index None) and the clock keeps
   running, so the stream never stalls and never has to catch up.
 - Before the first frame ever arrives there is nothing honest to show: `next_frame()` returns None and
-  `wait_next()` waits for the first push. The track therefore sends nothing rather than garbage.
+  `wait_next()` waits for the first push. The video therefore sends nothing rather than garbage.
 - Consumer stall: if a tick is served more than `max_lateness_frames` intervals after it was due (the
-  event loop or the RTP sender stalled, or the sender only started pulling after ICE), the schedule is
+  event loop or the session's encoder thread stalled), the schedule is
   re-anchored at now (`reanchors`) instead of bursting the backlog out back to back. Smaller lateness
   is absorbed by serving the late ticks at once, which keeps the long-run rate exact.
 

@@ -23,7 +23,6 @@ a control's arrival to the moment the pacer sends the first frame of the first c
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import secrets
@@ -42,6 +41,7 @@ from server.errors import AlreadyConnected, BadRequest, Busy, SessionClosed
 from server.fanout import VideoFanout, ViewerTrack
 from server.metrics import Metrics
 from server.offer import OfferError, validate_offer
+from server.owned_tasks import OwnedTasks
 from server.pacer import Pacer
 from server.protocol import (
     ChunkMsg,
@@ -65,7 +65,7 @@ from server.recording_store import RecordingStore
 from server.settings import Settings
 from server.spectator import Spectator
 from server.timeline import TIMELINE_CHUNKS, SessionTimeline
-from server.viewer_peer import answer_viewer, close_peer_connection, new_peer_connection, wait_until_silent
+from server.viewer_peer import answer_viewer, close_peer_connection, new_peer_connection, send_on, wait_until_silent
 from workers.chunk_geometry import chunk_num_frames
 from workers.controls import ChunkControl, ControlState, client_contract
 from workers.models.presets import ModelPreset
@@ -163,7 +163,7 @@ class ServerSession:
         self._awaiting_display: dict[int, list[float]] = {}  # chunk -> arrivals of controls it applied first
         self._chunk_parts: dict[int, list[tuple[int, int, int]]] = {}  # chunk -> (first_frame, pts_start, n) per part
         self._control_to_frame: deque[float] = deque(maxlen=LATENCY_SAMPLES)
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = OwnedTasks(f"session-{self.id}")
         self._last_control_t = time.monotonic()  # idle time counts from the create
         self._watch_only = False
         self.video_sender: RTCRtpSender | None = None
@@ -181,7 +181,7 @@ class ServerSession:
         self._recordings, self._weights_digest = recordings, weights_digest
         self.recording: SessionRecording | None = None  # from the engine session's open
         self._closed = asyncio.Event()
-        self._spawn(self._expire_if_no_offer(), "offer-timeout")
+        self._tasks.spawn(self._expire_if_no_offer(), "offer-timeout")
 
     # ---- public ----
 
@@ -330,7 +330,7 @@ class ServerSession:
             why = "the SDP offer cannot be answered (its media sections do not fit a recvonly viewer)"
             await self.close(EndReason.BAD_OFFER, f"bad offer: {why}")
             raise BadRequest(why) from None
-        self._spawn(self._fail_if_not_connected(), "ice-timeout")
+        self._tasks.spawn(self._fail_if_not_connected(), "ice-timeout")
         return pc.localDescription.sdp
 
     async def _answer(self, pc: RTCPeerConnection, sdp: str) -> None:
@@ -361,11 +361,7 @@ class ServerSession:
         if self.recording is not None:
             await asyncio.to_thread(self.recording.close)  # the video's last frames, off the loop
         await self.fanout.close()
-        current = asyncio.current_task()
-        for task in list(self._tasks):
-            if task is not current:
-                task.cancel()
-        await asyncio.gather(*(t for t in self._tasks if t is not current), return_exceptions=True)
+        await self._tasks.cancel_all()
         if self.pc is not None:
             await close_peer_connection(self.pc, self.metrics)
         self.pacer.close()
@@ -394,11 +390,11 @@ class ServerSession:
         if state == "connected" and self._watch_only:
             self._start_streaming()
         elif state == "failed":
-            self._spawn(self.close(EndReason.PEER_GONE, "connection failed"), "close")
+            self._tasks.spawn(self.close(EndReason.PEER_GONE, "connection failed"), "close")
         elif state == "closed":
-            self._spawn(self.close(EndReason.CONNECTION_CLOSED, "connection closed"), "close")
+            self._tasks.spawn(self.close(EndReason.CONNECTION_CLOSED, "connection closed"), "close")
         elif state == "disconnected":
-            self._spawn(self._close_unless_reconnected(), "disconnect-grace")
+            self._tasks.spawn(self._close_unless_reconnected(), "disconnect-grace")
 
     async def _close_unless_reconnected(self) -> None:
         await asyncio.sleep(self.settings.disconnected_grace_s)
@@ -411,9 +407,8 @@ class ServerSession:
             return
         self.channel = channel
         channel.on("message", self._on_message)
-        channel.on(
-            "close", lambda: self._spawn(self.close(EndReason.CONNECTION_CLOSED, "control channel closed"), "close")
-        )
+        closed = EndReason.CONNECTION_CLOSED
+        channel.on("close", lambda: self._tasks.spawn(self.close(closed, "control channel closed"), "close"))
         if channel.readyState == "open":
             self._start_streaming()
         else:
@@ -440,14 +435,14 @@ class ServerSession:
                 chunk_latent_frames=self.chunk_latent_frames,
             )
         except (EngineError, ValueError) as exc:
-            self._spawn(self.close(EndReason.GENERATION_FAILED, f"could not start generating: {exc}"), "close")
+            self._tasks.spawn(self.close(EndReason.GENERATION_FAILED, f"could not start generating: {exc}"), "close")
             return
-        self._spawn(self._watch_peer(), "peer")
+        self._tasks.spawn(self._watch_peer(), "peer")
         if self.settings.idle_timeout_s:
-            self._spawn(self._expire_when_idle(self.settings.idle_timeout_s), "idle")
-        self._spawn(self._send_stats(), "stats")
+            self._tasks.spawn(self._expire_when_idle(self.settings.idle_timeout_s), "idle")
+        self._tasks.spawn(self._send_stats(), "stats")
         if self.max_duration_s:
-            self._spawn(self._expire(self.max_duration_s), "max-duration")
+            self._tasks.spawn(self._expire(self.max_duration_s), "max-duration")
 
     def _recipe(self) -> Recipe:
         placement = self.engine.placement
@@ -487,7 +482,7 @@ class ServerSession:
         if isinstance(msg, PingMsg):
             self._send(PongMsg(seq=msg.seq, t=msg.t, server_t=time.time() * 1000))
         elif isinstance(msg, StopMsg):
-            self._spawn(self.close(EndReason.STOPPED, "stopped by the client"), "close")
+            self._tasks.spawn(self.close(EndReason.STOPPED, "stopped by the client"), "close")
         elif isinstance(msg, PromptMsg):
             self.prompt = msg.text  # the conditioning of a running session is fixed; used by the next one
         else:
@@ -612,8 +607,8 @@ class ServerSession:
 
     def _on_engine_end(self, error: str | None) -> None:
         if error is not None and self.state in ACTIVE:
-            why = generation_failed_reason(error)
-            self._spawn(self.close(EndReason.GENERATION_FAILED, why, detail=f"generation failed: {error}"), "close")
+            why, detail = generation_failed_reason(error), f"generation failed: {error}"
+            self._tasks.spawn(self.close(EndReason.GENERATION_FAILED, why, detail=detail), "close")
 
     def _count(self, result: str) -> None:
         self.controls[result] += 1
@@ -627,7 +622,7 @@ class ServerSession:
             window.popleft()
         if len(window) >= self.settings.abuse_limit:
             why = f"{len(window)} invalid messages in {self.settings.abuse_window_s:g} s"
-            self._spawn(self.close(EndReason.PROTOCOL_ABUSE, why), "close")
+            self._tasks.spawn(self.close(EndReason.PROTOCOL_ABUSE, why), "close")
 
     # ---- timers ----
 
@@ -714,19 +709,11 @@ class ServerSession:
         p95 = sorted_periods[min(len(sorted_periods) - 1, int(0.95 * len(sorted_periods)))]
         return p95 / self.dispatch.config.chunk_media_s
 
-    def _spawn(self, coro: Any, name: str) -> None:
-        task = self.loop.create_task(coro, name=f"session-{self.id}-{name}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     def _send(self, message: ServerMessage) -> None:
         self._send_text(message.to_json())
 
     def _send_text(self, text: str) -> None:
-        if self.channel is None or self.channel.readyState != "open":
-            return
-        with contextlib.suppress(Exception):  # a channel closing under us is not an error worth raising
-            self.channel.send(text)
+        send_on(self.channel, text)
 
     def _broadcast(self, message: ServerMessage) -> str:
         """To the driver and every spectator, serialized once; returns the text sent."""

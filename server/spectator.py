@@ -14,7 +14,6 @@ is owned here and cancelled on close; `close()` is idempotent.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import secrets
@@ -29,6 +28,7 @@ from server.errors import BadRequest
 from server.fanout import VideoFanout, ViewerTrack
 from server.metrics import Metrics
 from server.offer import OfferError, validate_offer
+from server.owned_tasks import OwnedTasks
 from server.protocol import (
     DoneMsg,
     EndReason,
@@ -42,7 +42,7 @@ from server.protocol import (
 )
 from server.rate_limit import TokenBucket
 from server.settings import Settings
-from server.viewer_peer import answer_viewer, close_peer_connection, new_peer_connection, wait_until_silent
+from server.viewer_peer import answer_viewer, close_peer_connection, new_peer_connection, send_on, wait_until_silent
 
 log = logging.getLogger("worldrtc.spectator")
 
@@ -79,7 +79,6 @@ class Spectator:
         self._ready = ready
         self._catch_up = catch_up  # the session's recent `chunk` messages, sent when the channel opens
         self._on_closed = on_closed
-        self.loop = asyncio.get_running_loop()
         self.pc = new_peer_connection(settings.ice_servers)
         self.channel: Any = None
         self.track: ViewerTrack | None = None
@@ -88,7 +87,7 @@ class Spectator:
         rate = settings.control_rate_per_s
         self._bucket = TokenBucket.full(rate, burst=rate, now=time.monotonic())
         self._notice_t = -math.inf
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = OwnedTasks(f"spectator-{self.id}")
         self._closing = False
         self._closed = asyncio.Event()
 
@@ -122,17 +121,14 @@ class Spectator:
             await self.close(EndReason.BAD_OFFER, f"bad offer: {why}")
             raise BadRequest(why) from None
         self._fanout.rtcp_hook(self.sender, driver=False)
-        self._spawn(self._fail_if_not_connected(), "ice-timeout")
-        self._spawn(self._watch_peer(), "peer")
+        self._tasks.spawn(self._fail_if_not_connected(), "ice-timeout")
+        self._tasks.spawn(self._watch_peer(), "peer")
         return str(pc.localDescription.sdp)
 
     def send_text(self, text: str) -> None:
         """A message the session broadcasts (already JSON), if the spectator has a channel open."""
-        channel = self.channel
-        if channel is None or channel.readyState != "open" or self._closing:
-            return
-        with contextlib.suppress(Exception):  # a channel closing under us is not an error worth raising
-            channel.send(text)
+        if not self._closing:
+            send_on(self.channel, text)
 
     async def close(self, code: EndReason, reason: str) -> None:
         """Idempotent: `done` to the spectator, its track off the fan-out, its connection closed."""
@@ -145,11 +141,7 @@ class Spectator:
         if self.track is not None:
             self.metrics.spectator_frames_skipped.inc(self.track.skipped)
             self.track.stop()
-        current = asyncio.current_task()
-        for task in list(self._tasks):
-            if task is not current:
-                task.cancel()
-        await asyncio.gather(*(t for t in self._tasks if t is not current), return_exceptions=True)
+        await self._tasks.cancel_all()
         await close_peer_connection(self.pc, self.metrics)
         self.state = SpectatorState.FAILED if code.failed else SpectatorState.CLOSED
         log.info(
@@ -177,9 +169,9 @@ class Spectator:
             return
         state = self.pc.connectionState
         if state == "failed":
-            self._spawn(self.close(EndReason.PEER_GONE, "connection failed"), "close")
+            self._tasks.spawn(self.close(EndReason.PEER_GONE, "connection failed"), "close")
         elif state == "closed":
-            self._spawn(self.close(EndReason.CONNECTION_CLOSED, "connection closed"), "close")
+            self._tasks.spawn(self.close(EndReason.CONNECTION_CLOSED, "connection closed"), "close")
 
     def _on_datachannel(self, channel: Any) -> None:
         if self.channel is not None:
@@ -230,8 +222,3 @@ class Spectator:
         timeout = self.settings.peer_timeout_s
         await wait_until_silent(self.sender, lambda: self.track is not None and self.track.delivered > 0, timeout)
         await self.close(EndReason.PEER_GONE, f"the spectator sent no RTCP receiver report for {timeout:g} s")
-
-    def _spawn(self, coro: Any, name: str) -> None:
-        task = self.loop.create_task(coro, name=f"spectator-{self.id}-{name}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)

@@ -4,6 +4,7 @@ video track, reading which codec that answer chose, and noticing a viewer that h
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -54,6 +55,14 @@ async def close_peer_connection(pc: RTCPeerConnection, metrics: Metrics) -> None
         log.warning("closing a peer connection failed: %s: %s", type(exc).__name__, exc)
     finally:
         metrics.peer_connections.dec()
+
+
+def send_on(channel: Any, text: str) -> None:
+    """Send on a data channel if it is open (None: the viewer opened none)."""
+    if channel is None or channel.readyState != "open":
+        return
+    with contextlib.suppress(Exception):  # a channel closing under us is not an error worth raising
+        channel.send(text)
 
 
 def negotiated_video_codec(answer_sdp: str, mid: str | None) -> str:
