@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.webrtc_replay import _window, parse_args
+from benchmarks.webrtc_replay import engine_window, parse_args
 
 
 def test_arguments(tmp_path) -> None:
@@ -32,5 +32,5 @@ def test_window_gives_the_dit_idle_fraction_between_two_readings() -> None:
         stages = {"encode": (1.0, 9.0), "dit": (dit_busy, dit_idle), "decode": (5.0, 5.0)}
         return {"stage_busy_idle_s": {s: {"busy_s": b, "idle_s": i} for s, (b, i) in stages.items()}}
 
-    w = _window(reading(10.0, 2.0), reading(18.0, 4.0), wall_s=10.0)
+    w = engine_window(reading(10.0, 2.0), reading(18.0, 4.0), wall_s=10.0)
     assert w["dit_idle_fraction"] == pytest.approx(0.2) and w["stage_busy_s"]["dit"] == pytest.approx(8.0)
