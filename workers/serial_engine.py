@@ -8,6 +8,8 @@ placement's count per worker), whatever the calling process uses otherwise. Usag
     engine = SerialEngine.load("tiny")
     session = engine.create_session(image, prompt="a walk", seed=0)
     chunk = session.step(ChunkControl.from_keys(["w"]))   # chunk.frames: [T, H, W, 3] uint8
+    saved = engine.snapshot(session)                      # the whole generation state, on the host
+    branch = engine.branch(saved)                         # steps on from there, bit for bit
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from workers.models.components import load_vae
 from workers.models.kernels import DEFAULT_KERNELS, KernelConfig, apply_to_process
 from workers.models.presets import ModelPreset, get_preset
 from workers.models.vae import WanVAE
+from workers.session_state import StatePart, capture, restore
 from workers.stages.condition import ImageConditionStream
 from workers.stages.decode import DecodeSession
 
@@ -149,6 +152,25 @@ class SerialEngine:
             dev,
             cpu_threads,
         )
+
+    def _shared(self) -> dict[str, object]:
+        """What every session of this engine points at and a snapshot keeps by reference."""
+        return {"dit": self.dit, "vae": self.vae, "context_encoder": self.context_encoder}
+
+    def snapshot(self, session: SerialSession) -> StatePart:
+        """Everything that determines `session`'s next frames, copied to the host: its caches, its
+        generator's state, its pose and its counters (workers/session_state.py)."""
+        if session.closed:
+            raise RuntimeError("session is closed")
+        return capture(session, self._shared()).to_host()
+
+    def branch(self, snapshot: StatePart) -> SerialSession:
+        """A new session that continues from `snapshot`: fed the same controls as the session it was
+        taken from, it produces the same frames, bit for bit (at this engine's thread count)."""
+        session = restore(snapshot, self._shared(), self.device)
+        if not isinstance(session, SerialSession) or session.preset != self.preset:
+            raise ValueError(f"the snapshot is not of a {self.preset.name} session of this engine")
+        return session
 
     def create_session(
         self,

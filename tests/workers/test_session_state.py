@@ -1,0 +1,81 @@
+"""Snapshots of the in-process engine: a branch continues bit for bit, and branches are independent."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from workers.controls import ChunkControl
+from workers.serial_engine import SerialEngine, SerialSession
+from workers.session_state import StatePart, StateCaptureError, capture
+
+IMAGE = (np.random.default_rng(1).random((128, 128, 3)) * 255).astype(np.uint8)
+WALK = [["w"], ["w", "d"], ["a"], ["s"], ["w"], ["l"], ["r"], []]
+OTHER = [["s"], ["s", "a"]]
+
+
+def steps(session: SerialSession, keys: list[list[str]]) -> list[np.ndarray]:
+    return [session.step(ChunkControl.from_keys(k)).frames for k in keys]
+
+
+@pytest.fixture(scope="module", params=["gridworld", "tiny"])
+def engine(request: pytest.FixtureRequest) -> SerialEngine:
+    return SerialEngine.load(request.param)
+
+
+@pytest.mark.parametrize("taken_after", [1, 5], ids=["early", "after-window-roll"])
+def test_branch_continues_bit_exact(engine: SerialEngine, taken_after: int) -> None:
+    """The window holds 12 latent frames of 4-frame chunks: after 5 chunks it has rolled."""
+    session = engine.create_session(IMAGE, "a walk", seed=7)
+    steps(session, WALK[:taken_after])
+    saved = engine.snapshot(session)
+    then = WALK[taken_after : taken_after + 3]
+    original = steps(session, then)
+    again = engine.branch(saved)
+    assert [np.array_equal(a, b) for a, b in zip(steps(again, then), original, strict=True)] == [True] * 3
+    assert again.chunks_done == session.chunks_done and again.frames_done == session.frames_done
+
+
+def test_branches_are_independent(engine: SerialEngine) -> None:
+    session = engine.create_session(IMAGE, "a walk", seed=7)
+    steps(session, WALK[:2])
+    saved = engine.snapshot(session)
+    left, right = engine.branch(saved), engine.branch(saved)
+    other = steps(left, OTHER)
+    same = steps(right, WALK[2:4])
+    assert not any(np.array_equal(a, b) for a, b in zip(other, same, strict=True))
+    # The original, stepped after both branches ran, is untouched by them.
+    assert all(np.array_equal(a, b) for a, b in zip(steps(session, WALK[2:4]), same, strict=True))
+
+
+def test_snapshot_is_on_the_host_and_sized(engine: SerialEngine) -> None:
+    session = engine.create_session(IMAGE, "", seed=0)
+    steps(session, WALK[:1])
+    saved = engine.snapshot(session)
+    assert all(t.device.type == "cpu" for t in saved.tensors)
+    kv = session.denoise.kv_cache.nbytes() if hasattr(session.denoise, "kv_cache") else 0
+    assert saved.nbytes > kv > 0
+
+
+def test_spilled_part_restores_the_same(engine: SerialEngine, tmp_path) -> None:
+    session = engine.create_session(IMAGE, "", seed=3)
+    steps(session, WALK[:2])
+    engine.snapshot(session).save(tmp_path / "part")
+    original = steps(session, WALK[2:4])
+    back = engine.branch(StatePart.load(tmp_path / "part"))
+    assert all(np.array_equal(a, b) for a, b in zip(steps(back, WALK[2:4]), original, strict=True))
+
+
+def test_capture_refuses_an_unnamed_module() -> None:
+    holder = {"layer": torch.nn.Linear(2, 2)}
+    with pytest.raises(StateCaptureError, match="Linear"):
+        capture(holder, {})
+    assert capture(holder, {"layer": holder["layer"]}).tensors == ()
+
+
+def test_branch_refuses_another_models_snapshot() -> None:
+    tiny, grid = SerialEngine.load("tiny"), SerialEngine.load("gridworld")
+    session = tiny.create_session(IMAGE, "", seed=0)
+    with pytest.raises(ValueError, match="gridworld"):
+        grid.branch(tiny.snapshot(session))
