@@ -30,6 +30,9 @@ class DecodeHandler(StageHandler):
         self.vae = load_vae(self.preset, self.device, ckpt, weights_seed=spec.weights_seed)
         self.shard = SpatialShard.from_group(group) if group.is_multi_rank else None
 
+    def shared_state(self) -> dict[str, object]:
+        return {"vae": self.vae, "shard": self.shard}
+
     def handle_stage(self, msg: Command) -> Iterator[Reply]:
         stage, rank = self.spec.stage, self.spec.rank
         if isinstance(msg, OpenSession):

@@ -40,6 +40,9 @@ class DitHandler(StageHandler):
         if self.sp is not None:
             self.sp.validate(self.preset.tokens_per_latent_frame, self.preset.dit.num_heads)
 
+    def shared_state(self) -> dict[str, object]:
+        return {"dit": self.dit, "sp": self.sp}
+
     def handle_stage(self, msg: Command) -> Iterator[Reply]:
         stage, rank = self.spec.stage, self.spec.rank
         if isinstance(msg, OpenSession):

@@ -26,6 +26,9 @@ class EncodeHandler(StageHandler):
         family = family_for(self.preset)
         self.context_encoder = family.load_context_encoder(self.preset, self.device, ckpt, spec.weights_seed)
 
+    def shared_state(self) -> dict[str, object]:
+        return {"vae": self.vae, "context_encoder": self.context_encoder}
+
     def handle_stage(self, msg: Command) -> Iterator[Reply]:
         stage, rank = self.spec.stage, self.spec.rank
         if isinstance(msg, OpenSession):

@@ -15,7 +15,8 @@ LOOP_TICK_S.
 `warm_up` runs one chunk through every stage so no viewer pays first-call costs. A stage that dies,
 fails fatally or hangs past its command deadline fails every session, is killed and restarted at
 once, and the engine warms up again; `healthy` is False until then, and sessions opened meanwhile
-end with an error. If a restart fails the engine is broken for good: `fatal_error` says why and
+end with an error. A stage that dies takes its parts of every snapshot with it, so every snapshot is
+lost then (workers/runtime/snapshot_catalog.py). If a restart fails the engine is broken for good: `fatal_error` says why and
 `on_fatal` is called (the server exits non-zero, so whatever supervises it can start it afresh).
 """
 
@@ -43,7 +44,17 @@ from workers.models.checkpoint_files import require_checkpoint
 from workers.models.kernels import DEFAULT_KERNELS, KernelConfig
 from workers.models.presets import ModelPreset, get_preset
 from workers.runtime.channel import ChannelConsumer
-from workers.runtime.messages import STAGES, QueryStats, Release, Reply, Shutdown, Stage, StageStats
+from workers.runtime.messages import (
+    STAGES,
+    DropSnapshot,
+    QueryStats,
+    Release,
+    Reply,
+    Shutdown,
+    SpillSnapshot,
+    Stage,
+    StageStats,
+)
 from workers.runtime.placement import Placement
 from workers.runtime.records import ChunkOutput
 from workers.runtime.scheduler import (
@@ -57,14 +68,19 @@ from workers.runtime.scheduler import (
     Scheduler,
     Send,
     SessionSpec,
+    SnapshotDone,
     StageLost,
 )
+from workers.runtime.snapshot_catalog import Move, SnapshotBudget, SnapshotCatalog, SnapshotEntry, new_entry
 from workers.runtime.spec import FaultSpec, WorkerSpec
 from workers.runtime.supervisor import EngineError, WorkerSupervisor
 from workers.runtime.synthetic import SyntheticModel
 
 log = logging.getLogger(__name__)
 LOOP_TICK_S = 0.05  # how often the scheduler thread wakes with nothing to do (deaths ride on sentinels)
+DEFAULT_SNAPSHOT_BUDGET = SnapshotBudget(memory_bytes=4 * 2**30)
+# (the entry, or None and why not): called once per snapshot asked for, on the scheduler thread.
+SnapshotCallback = Callable[[SnapshotEntry | None, str | None], None]
 
 
 class PipelineEngine:
@@ -84,6 +100,7 @@ class PipelineEngine:
         deadlines: Deadlines | None = None,
         kernels: KernelConfig = DEFAULT_KERNELS,
         random_weights: bool = False,
+        snapshot_budget: SnapshotBudget = DEFAULT_SNAPSHOT_BUDGET,
     ) -> None:
         """`random_weights`: seeded random weights for a preset that runs on released ones, for timing
         and memory on a machine without its checkpoint (the frames are noise)."""
@@ -147,6 +164,8 @@ class PipelineEngine:
         self._admitted_lock = threading.Lock()
         self._warmed = False  # warm_up ran: restarted stages are warmed up again before `healthy`
         self._warming = False
+        self.snapshots = SnapshotCatalog(snapshot_budget)
+        self._snapshot_waiters: dict[str, SnapshotCallback] = {}  # scheduler thread only
 
     @property
     def counters(self) -> dict[str, int]:
@@ -195,11 +214,20 @@ class PipelineEngine:
         on_end: Callable[[str, str | None], None],
         chunk_latent_frames: int | None = None,
         max_chunks: int | None = None,
+        snapshot: str | None = None,
     ) -> str:
-        """Start a session; its chunks' frames stream to `on_chunk` in parts (on the scheduler thread)."""
+        """Start a session; its chunks' frames stream to `on_chunk` in parts (on the scheduler thread).
+
+        From a `snapshot`, the session continues where the one it was taken from stood (its state,
+        seed, prompt and chunk size): `image`, `prompt`, `seed` and `chunk_latent_frames` are not
+        used, and its first chunk is the snapshot's `chunk_index`. SnapshotGone if it is not kept."""
         if self._thread is None:
             raise EngineError("engine not started")
         p = self.preset
+        first_chunk = 0
+        if snapshot is not None:
+            entry = self.snapshots.use(snapshot)
+            chunk_latent_frames, first_chunk = entry.chunk_latent_frames, entry.chunk_index
         chunk = chunk_latent_frames or p.chunk_latent_frames
         if image.shape != (p.height_px, p.width_px, 3) or image.dtype != np.uint8:
             raise ValueError(f"image must be {p.height_px}x{p.width_px}x3 uint8 (fit it to the model first)")
@@ -221,9 +249,28 @@ class PipelineEngine:
             on_chunk=on_chunk,
             on_end=on_end,
             max_chunks=max_chunks,
+            snapshot=snapshot,
+            first_chunk=first_chunk,
         )
         self._submit(lambda: self._open(spec))
         return spec.id
+
+    def take_snapshot(self, session_id: str, on_done: SnapshotCallback) -> str:
+        """Save the session's whole generation state at its next chunk boundary; `on_done` gets the
+        catalog's entry once every stage has stored its part (or None and why not)."""
+        snapshot_id = uuid.uuid4().hex[:16]
+
+        def request() -> None:
+            self._snapshot_waiters[snapshot_id] = on_done
+            self._carry_out(self.scheduler.snapshot(session_id, snapshot_id))
+
+        self._submit(request)
+        return snapshot_id
+
+    def drop_snapshot(self, snapshot_id: str) -> None:
+        """Forget a snapshot (SnapshotGone if it is not kept); its parts are freed in the workers."""
+        moves = self.snapshots.remove(snapshot_id)
+        self._submit(lambda: self._move(moves))
 
     def close_session(self, session_id: str) -> None:
         with self._admitted_lock:
@@ -260,6 +307,7 @@ class PipelineEngine:
                     conn.send(Shutdown())
         self.supervisor.join(timeout_s)
         self.supervisor.kill_all()
+        self._remove_spilled(self.snapshots.lose_all("was lost: the engine shut down"), STAGES)
         self.consumer.close()
         self._wake_r.close()
         self._wake_w.close()
@@ -419,8 +467,13 @@ class PipelineEngine:
                 frames = self.consumer.get(part.output, copy=True).numpy()  # before the slot is released
                 out = ChunkOutput(effect.session.id, part.chunk_index, frames, effect.record, part.offset, effect.last)
                 effect.session.on_chunk(out)
+            elif isinstance(effect, SnapshotDone):
+                self._snapshot_done(effect)
             elif isinstance(effect, StageLost):
                 log.warning("%s; restarting the stage", effect.error)
+                lost = self.snapshots.lose_all(f"was lost: the {effect.stage.value} stage failed and restarted")
+                self._move(lost)
+                self._remove_spilled(lost, (effect.stage,))
                 if self.fatal_error is None and not self._stopping.is_set():
                     self.supervisor.restart(effect.stage)  # kills what is left first (SIGKILL: it may be hung)
                 else:
@@ -430,6 +483,53 @@ class PipelineEngine:
                 with self._admitted_lock:
                     self._admitted.discard(effect.session.id)
                 effect.session.on_end(effect.session.id, effect.error)
+
+    # ---- snapshots ----
+
+    def _snapshot_done(self, done: SnapshotDone) -> None:
+        on_done = self._snapshot_waiters.pop(done.snapshot_id, None)
+        if done.error is not None or done.session is None:
+            self._move([Move(done.snapshot_id, None)])  # whatever parts were stored
+            if on_done is not None:
+                on_done(None, done.error)
+            return
+        nbytes = sum(done.nbytes.values())
+        spec = done.session
+        entry = new_entry(done.snapshot_id, spec.id, done.chunk_index, spec.chunk_latent_frames, nbytes)
+        self._move(self.snapshots.add(entry))
+        try:
+            kept = self.snapshots.get(done.snapshot_id)
+        except KeyError as gone:
+            if on_done is not None:
+                on_done(None, str(gone))
+            return
+        if on_done is not None:
+            on_done(kept, None)
+
+    def _move(self, moves: list[Move]) -> None:
+        """Carry out the catalog's decisions on every live worker (scheduler thread)."""
+        for move in moves:
+            cmd = DropSnapshot(move.snapshot_id) if move.directory is None else SpillSnapshot(
+                move.snapshot_id, str(move.directory)
+            )
+            for p in self.supervisor.stages.values():
+                if p.alive:
+                    for conn in p.conns:
+                        with contextlib.suppress(OSError, BrokenPipeError):
+                            conn.send(cmd)
+
+    def _remove_spilled(self, moves: list[Move], stages: tuple[Stage, ...]) -> None:
+        """Spilled files of workers that are gone (nobody else will remove them)."""
+        spill = self.snapshots.budget.spill_dir
+        if spill is None:
+            return
+        for move in moves:
+            folder = spill / move.snapshot_id
+            for stage in stages:
+                for path in folder.glob(f"{stage.value}*"):
+                    path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
     # ---- stats ----
 

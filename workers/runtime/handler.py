@@ -12,6 +12,7 @@ import logging
 import random
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,17 +23,25 @@ from workers.runtime.messages import (
     ChunkDone,
     CloseSession,
     Command,
+    DropSnapshot,
     FramesReady,
+    OpenSession,
     QueryStats,
     Release,
     Reply,
     SessionClosed,
+    SessionOpened,
+    SnapshotTaken,
+    SpillSnapshot,
     Stage,
     StageStats,
+    TakeSnapshot,
     TensorRef,
 )
 from workers.runtime.peak_memory import measure_peak_memory
+from workers.runtime.snapshot_store import SnapshotStore
 from workers.runtime.spec import WorkerSpec
+from workers.session_state import capture, restore
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +69,7 @@ class StageHandler:
             else None
         )
         self.sessions: dict[str, Any] = {}
+        self.snapshots = SnapshotStore(f"{spec.stage.value}{spec.rank}")
         self._fault_rng: random.Random | None = None
         self._fault_fired = False
 
@@ -89,10 +99,39 @@ class StageHandler:
             self.drop_session(msg.session_id)
             yield SessionClosed(self.spec.stage, self.spec.rank, msg.session_id)
             return
+        if isinstance(msg, TakeSnapshot):
+            yield self._take_snapshot(msg)
+            return
+        if isinstance(msg, DropSnapshot):
+            self.snapshots.drop(msg.snapshot_id)
+            return
+        if isinstance(msg, SpillSnapshot):
+            self.snapshots.spill(msg.snapshot_id, Path(msg.directory))
+            return
+        if isinstance(msg, OpenSession) and msg.snapshot is not None:
+            part = self.snapshots.get(msg.snapshot)
+            self.sessions[msg.session_id] = restore(part, self.shared_state(), self.device)
+            yield SessionOpened(self.spec.stage, self.spec.rank, msg.session_id, msg.epoch)
+            return
         yield from self.handle_stage(msg)
 
     def handle_stage(self, msg: Command) -> Iterator[Reply]:
         raise NotImplementedError
+
+    def shared_state(self) -> dict[str, object]:
+        """What this stage's sessions point at and a snapshot keeps by name: its modules, its group."""
+        return {}
+
+    def _take_snapshot(self, msg: TakeSnapshot) -> SnapshotTaken:
+        stage, rank = self.spec.stage, self.spec.rank
+        try:
+            part = capture(self.sessions[msg.session_id], self.shared_state())
+            self.snapshots.put(msg.snapshot_id, part)
+        except Exception as exc:  # the snapshot fails, not the session: its state was only read
+            log.exception("%s: snapshot %s failed", self.spec.name, msg.snapshot_id)
+            error = f"{stage.value} stage (rank {rank}) could not copy its state: {type(exc).__name__}: {exc}"
+            return SnapshotTaken(stage, rank, msg.session_id, msg.epoch, msg.snapshot_id, 0, error)
+        return SnapshotTaken(stage, rank, msg.session_id, msg.epoch, msg.snapshot_id, part.nbytes)
 
     # ---- helpers for subclasses ----
 
@@ -160,6 +199,7 @@ class StageHandler:
 
     def close(self) -> None:
         self.sessions.clear()
+        self.snapshots.close()
         self.consumer.close()
         if self.producer is not None:
             self.producer.close()

@@ -43,6 +43,7 @@ class OpenSession:
     image: np.ndarray | None = None  # encode: HxWx3 uint8, already fitted to the model resolution
     prompt: str = ""  # encode
     context: TensorRef | None = None  # dit: the session's context (prompt embeddings, CLIP tokens) from encode
+    snapshot: str | None = None  # every stage: start from this snapshot's part (no image, prompt or context)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,30 @@ class CloseSession:
 
 
 @dataclass(frozen=True)
+class TakeSnapshot:
+    """Copy the session's state, as it is between two chunks, into the stage's snapshot store."""
+
+    session_id: str
+    epoch: int
+    snapshot_id: str
+
+
+@dataclass(frozen=True)
+class DropSnapshot:
+    """Forget a snapshot's part, in memory or spilled (no reply; a part never taken is no error)."""
+
+    snapshot_id: str
+
+
+@dataclass(frozen=True)
+class SpillSnapshot:
+    """Move a snapshot's part from memory to files in `directory` (no reply)."""
+
+    snapshot_id: str
+    directory: str
+
+
+@dataclass(frozen=True)
 class Release:
     """Acks forwarded from consumers to the producer that owns the slots."""
 
@@ -92,7 +117,19 @@ class Shutdown:
     pass
 
 
-Command = OpenSession | EncodeChunk | DenoiseChunk | DecodeChunk | CloseSession | Release | QueryStats | Shutdown
+Command = (
+    OpenSession
+    | EncodeChunk
+    | DenoiseChunk
+    | DecodeChunk
+    | CloseSession
+    | TakeSnapshot
+    | DropSnapshot
+    | SpillSnapshot
+    | Release
+    | QueryStats
+    | Shutdown
+)
 
 
 # ---- worker -> scheduler ----
@@ -156,6 +193,20 @@ class SessionClosed:
 
 
 @dataclass(frozen=True)
+class SnapshotTaken:
+    """A rank's part of a snapshot is stored (`nbytes` of it), or it could not be (`error`; the
+    session itself goes on)."""
+
+    stage: Stage
+    rank: int
+    session_id: str
+    epoch: int
+    snapshot_id: str
+    nbytes: int
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class StageStats:
     stage: Stage
     rank: int
@@ -181,4 +232,4 @@ class StageFailed:
     fatal: bool
 
 
-Reply = WorkerReady | SessionOpened | FramesReady | ChunkDone | SessionClosed | StageStats | StageFailed
+Reply = WorkerReady | SessionOpened | FramesReady | ChunkDone | SessionClosed | SnapshotTaken | StageStats | StageFailed

@@ -10,6 +10,7 @@ with a clock reading; its outputs are effects, which the engine carries out in o
     Deliver(session, part, ...)   copy part of a chunk's frames out of the frame ring and hand them
                                   to the session (a ReleaseSlots for that slot always follows)
     Ended(session, error)         the session is over
+    SnapshotDone(...)             a snapshot's parts are all stored, or it failed (its parts to drop)
     StageLost(stage, error)       the stage's workers are dead, failed fatally or hung: kill what is
                                   left of them and start new ones (`stage_up` once they are ready)
 
@@ -25,6 +26,10 @@ Policy:
   which may also hold the chunk back (None: until the next pass; Hold: until a time).
 - Epochs: every command carries its session's epoch; a reply for a session closed (or failed) since
   is a late result: dropped, counted, and its slots handed back.
+- Snapshots: a session's state is saved at one chunk boundary b on every stage: b is the next
+  chunk the encode stage (the furthest ahead) would start, and each stage copies its state when it
+  has finished chunk b − 1 and before it starts chunk b, in its own lane's order; no stage waits
+  for another. A session opened from a snapshot starts at chunk b on every stage.
 - Close: once nothing is in flight, per-stage state is released one stage at a time, downstream
   first; whatever the session's ledger still holds then has leaked (counted).
 - Deadlines: a stage that has not answered a command by its deadline is hung (a stopped process, a
@@ -60,8 +65,10 @@ from workers.runtime.messages import (
     OpenSession,
     Reply,
     SessionOpened,
+    SnapshotTaken,
     Stage,
     StageFailed,
+    TakeSnapshot,
     TensorRef,
 )
 from workers.runtime.records import ChunkOutput, ChunkRecord
@@ -86,6 +93,7 @@ class CommandKind(Enum):
     OPEN = "open"
     CHUNK = "chunk"
     CLOSE = "close"
+    SNAPSHOT = "snapshot"
 
 
 @dataclass(frozen=True)
@@ -136,7 +144,17 @@ class SessionSpec:
     control_source: ControlSource
     on_chunk: Callable[[ChunkOutput], None]
     on_end: Callable[[str, str | None], None]  # (session id, error or None)
-    max_chunks: int | None = None
+    max_chunks: int | None = None  # chunks this session generates (from first_chunk)
+    snapshot: str | None = None  # open from this snapshot's parts instead of the image and prompt
+    first_chunk: int = 0  # a snapshot's boundary: the index of the session's first chunk
+
+
+@dataclass
+class PendingSnapshot:
+    snapshot_id: str
+    boundary: int  # taken after chunk boundary − 1, before chunk boundary
+    sent: set[Stage] = field(default_factory=set)
+    nbytes: dict[Stage, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -154,7 +172,11 @@ class Session:
     records: dict[int, ChunkRecord] = field(default_factory=dict)
     ledger: SlotLedger = field(default_factory=SlotLedger)
     last_part: FramesReady | None = None  # a chunk's final frames, held until its decode is done
+    snapshot: PendingSnapshot | None = None  # being taken
     error: str | None = None
+
+    def __post_init__(self) -> None:
+        self.next_encode = self.next_dit = self.chunks_out = self.spec.first_chunk
 
     @property
     def id(self) -> str:
@@ -167,7 +189,13 @@ class Session:
 
     def wants_more(self, index: int) -> bool:
         limit = self.spec.max_chunks
-        return self.state is SessionState.RUNNING and (limit is None or index < limit)
+        return self.state is SessionState.RUNNING and (limit is None or index - self.spec.first_chunk < limit)
+
+    def position(self, stage: Stage) -> int | None:
+        """Chunks `stage` has finished for this session, None while it computes one."""
+        if stage in self.computing:
+            return None
+        return {Stage.ENCODE: self.next_encode, Stage.DIT: self.next_dit, Stage.DECODE: self.chunks_out}[stage]
 
 
 @dataclass
@@ -238,7 +266,16 @@ class StageLost:
     error: str
 
 
-Effect = Send | ReleaseSlots | Deliver | Ended | StageLost
+@dataclass(frozen=True)
+class SnapshotDone:
+    snapshot_id: str
+    session: SessionSpec | None  # None: asked of a session that had already ended
+    chunk_index: int  # the boundary: a session opened from it starts with this chunk
+    nbytes: dict[Stage, int]  # every rank's part, summed per stage
+    error: str | None = None  # failed: drop whatever parts were stored
+
+
+Effect = Send | ReleaseSlots | Deliver | Ended | StageLost | SnapshotDone
 
 
 def _inputs_of(cmd: Command) -> tuple[tuple[Stage, TensorRef], ...]:
@@ -290,9 +327,25 @@ class Scheduler:
     def open(self, spec: SessionSpec) -> list[Effect]:
         """Start a session: the encode and decode stages open it first (the DiT needs the prompt's embeddings)."""
         self.sessions[spec.id] = Session(spec)
-        c = spec.chunk_latent_frames
-        self.lanes[Stage.ENCODE].queued.append(OpenSession(spec.id, spec.epoch, c, spec.seed, spec.image, spec.prompt))
-        self.lanes[Stage.DECODE].queued.append(OpenSession(spec.id, spec.epoch, c, spec.seed))
+        c, snap = spec.chunk_latent_frames, spec.snapshot
+        if snap is None:
+            self.lanes[Stage.ENCODE].queued.append(OpenSession(spec.id, spec.epoch, c, spec.seed, spec.image, spec.prompt))
+        else:
+            self.lanes[Stage.ENCODE].queued.append(OpenSession(spec.id, spec.epoch, c, spec.seed, snapshot=snap))
+        self.lanes[Stage.DECODE].queued.append(OpenSession(spec.id, spec.epoch, c, spec.seed, snapshot=snap))
+        return self._flush()
+
+    def snapshot(self, session_id: str, snapshot_id: str) -> list[Effect]:
+        """Save a running session's state at its next chunk boundary (SnapshotDone says when, or why not)."""
+        session = self.sessions.get(session_id)
+        if session is None or session.state is not SessionState.RUNNING:
+            state = "over" if session is None else session.state.value
+            error = f"the session is {state}: only a running session can be saved"
+            self._out.append(SnapshotDone(snapshot_id, None if session is None else session.spec, 0, {}, error))
+        elif session.snapshot is not None:
+            self._out.append(SnapshotDone(snapshot_id, session.spec, 0, {}, "a snapshot of this session is being taken"))
+        else:
+            session.snapshot = PendingSnapshot(snapshot_id, session.next_encode)
         return self._flush()
 
     def close(self, session_id: str, error: str | None = None) -> list[Effect]:
@@ -381,6 +434,9 @@ class Scheduler:
                 if session.state is not SessionState.RUNNING:
                     continue
                 work = self._next_work(stage, session, now)
+                if isinstance(work, TakeSnapshot):
+                    self._assign(lane, work, CommandKind.SNAPSHOT, session, session.position(stage), now)
+                    break
                 if work is not None:
                     lane.rr = (lane.rr + i + 1) % len(order)
                     self._assign(lane, work, CommandKind.CHUNK, session, work.chunk_index, now)
@@ -405,7 +461,13 @@ class Scheduler:
 
     # ---- internals: work ----
 
-    def _next_work(self, stage: Stage, s: Session, now: float) -> EncodeChunk | DenoiseChunk | DecodeChunk | None:
+    def _next_work(
+        self, stage: Stage, s: Session, now: float
+    ) -> EncodeChunk | DenoiseChunk | DecodeChunk | TakeSnapshot | None:
+        snap = s.snapshot
+        if snap is not None and stage not in snap.sent and s.position(stage) == snap.boundary:
+            snap.sent.add(stage)
+            return TakeSnapshot(s.id, s.spec.epoch, snap.snapshot_id)
         serial = self.schedule is Schedule.SERIAL
         if stage is Stage.ENCODE:
             k = s.next_encode
@@ -446,9 +508,10 @@ class Scheduler:
         lane.idle_since = None
         deadline_t = now + self.deadlines.budget_s(lane.answer_s.get(kind))
         lane.assignment = Assignment(session.id, session.spec.epoch, kind, chunk, now, deadline_t, _inputs_of(cmd))
+        if chunk is not None:  # a chunk, or a snapshot at a boundary: the session's work on this stage
+            session.computing[lane.stage] = chunk
         if kind is CommandKind.CHUNK:
             assert chunk is not None
-            session.computing[lane.stage] = chunk
             session.record(chunk).stages[lane.stage].dispatch_t = now
         self._out.append(Send(lane.stage, cmd))
 
@@ -481,8 +544,13 @@ class Scheduler:
                 self._release_acks(stage, [Ack.of(out, "discarded")])
             self._release_unread(None, assignment, acks)
             return
-        if assignment.kind is CommandKind.CHUNK:
+        if assignment.kind in (CommandKind.CHUNK, CommandKind.SNAPSHOT):
             session.computing.pop(stage, None)
+        if assignment.kind is CommandKind.SNAPSHOT:
+            self._on_snapshot_part(session, stage, replies)
+            if session.state is SessionState.CLOSING:
+                self._maybe_finish_close(session)
+            return
         failures = [r for r in replies if isinstance(r, StageFailed)]
         if failures:
             self._release_unread(session, assignment, acks)
@@ -502,11 +570,14 @@ class Scheduler:
     def _on_opened(self, session: Session, stage: Stage, reply: SessionOpened) -> None:
         session.opened.add(stage)
         if stage is Stage.ENCODE:
-            assert reply.context is not None
-            session.ledger.track(reply.context)
             spec = session.spec
+            if spec.snapshot is None:
+                assert reply.context is not None
+                session.ledger.track(reply.context)
             self.lanes[Stage.DIT].queued.append(
-                OpenSession(spec.id, spec.epoch, spec.chunk_latent_frames, spec.seed, context=reply.context)
+                OpenSession(
+                    spec.id, spec.epoch, spec.chunk_latent_frames, spec.seed, context=reply.context, snapshot=spec.snapshot
+                )
             )
         if session.opened == set(STAGES) and session.state is SessionState.OPENING:
             session.state = SessionState.RUNNING
@@ -526,7 +597,8 @@ class Scheduler:
                 self._deliver(session, last, now, done=True)
             session.records.pop(reply.chunk_index, None)  # complete and handed on: a long session keeps none
             limit = session.spec.max_chunks
-            if limit is not None and session.chunks_out >= limit and session.state is SessionState.RUNNING:
+            done = session.chunks_out - session.spec.first_chunk
+            if limit is not None and done >= limit and session.state is SessionState.RUNNING:
                 session.state = SessionState.CLOSING
                 self._discard_queued(session)
                 self._maybe_finish_close(session)
@@ -539,6 +611,19 @@ class Scheduler:
         else:
             session.denoised.append((reply.chunk_index, reply.output))
             rec.stages[Stage.DECODE].ready_t = now
+
+    def _on_snapshot_part(self, session: Session, stage: Stage, replies: list[Reply]) -> None:
+        snap = session.snapshot
+        assert snap is not None, "a snapshot reply without a snapshot being taken"
+        errors = [r.error for r in replies if isinstance(r, StageFailed | SnapshotTaken) and r.error is not None]
+        if errors:
+            session.snapshot = None
+            self._out.append(SnapshotDone(snap.snapshot_id, session.spec, snap.boundary, snap.nbytes, errors[0]))
+            return
+        snap.nbytes[stage] = sum(r.nbytes for r in replies if isinstance(r, SnapshotTaken))
+        if len(snap.nbytes) == len(STAGES):
+            session.snapshot = None
+            self._out.append(SnapshotDone(snap.snapshot_id, session.spec, snap.boundary, snap.nbytes))
 
     def _on_frames(self, msg: FramesReady, now: float) -> None:
         """Part of a chunk's frames: hand on all but the last part now, the last one with the chunk's
@@ -617,6 +702,10 @@ class Scheduler:
         self._finish(session, final, session.error)
 
     def _finish(self, session: Session, state: SessionState, error: str | None) -> None:
+        snap, session.snapshot = session.snapshot, None
+        if snap is not None:
+            why = f"the session ended before its state was saved ({error or 'closed'})"
+            self._out.append(SnapshotDone(snap.snapshot_id, session.spec, snap.boundary, snap.nbytes, why))
         session.state = state
         self.sessions.pop(session.id, None)
         self._out.append(Ended(session.spec, error))
