@@ -65,6 +65,7 @@ from server.scenes import default_scene, scene_names, scene_path
 from server.sctp import bound_inbound_messages
 from server.session import ACTIVE, ServerSession, SessionState
 from server.settings import Settings
+from server.snapshots import SnapshotBook, authorize_snapshot, snapshot_router
 from server.turn import ice_servers_for
 from server.watch import WATCH_TOKEN_HEADER, WATCH_URL_HEADER, watch_headers, watch_router, watch_url
 from server.whep import whep_router
@@ -75,6 +76,7 @@ from workers.models.weights_digest import weights_digest
 from workers.runtime.engine import PipelineEngine
 from workers.runtime.memory_plan import check_fits, machine_capacity
 from workers.runtime.placement import get_placement
+from workers.runtime.snapshot_catalog import SnapshotBudget
 from workers.runtime.synthetic import SYNTHETIC, resolve_model
 
 log = logging.getLogger("worldrtc.server")
@@ -87,6 +89,7 @@ class AppState:
         self.settings = settings
         self.preset, synthetic = resolve_model(settings.model, settings.stage_ms, settings.synthetic_geometry)
         placement = get_placement(settings.placement)
+        self.snapshot_plan_bytes = 0  # one snapshot, as the memory plan counts it (the synthetic model's are tiny)
         if synthetic is None:
             # The same plan as `python -m workers.models plan`: a placement that cannot hold the model
             # and max_sessions fails now, naming the device, the shortfall and what would fit.
@@ -94,6 +97,7 @@ class AppState:
             plan = check_fits(self.preset, placement, settings.max_sessions, capacity, settings.kernels)
             for device in plan.devices:
                 log.info("memory plan: %s", device.summary())
+            self.snapshot_plan_bytes = plan.snapshot_bytes
         # Constructing the engine validates the placement against the model: a bad one fails now.
         self.engine = PipelineEngine(
             self.preset,
@@ -104,12 +108,18 @@ class AppState:
             weights_seed=settings.weights_seed,
             synthetic=synthetic,
             kernels=settings.kernels,
+            snapshot_budget=SnapshotBudget(
+                memory_bytes=int(settings.snapshot_budget_gib * 2**30),
+                spill_dir=settings.snapshot_spill_dir,
+                spill_bytes=int(settings.snapshot_spill_gib * 2**30),
+            ),
         )
         self.placement = placement
         self.fps = settings.fps or self.preset.fps  # sessions' default frame rate
         self.metrics = Metrics()
         self.lag = LoopLagMonitor(self.metrics)
         self.sessions: dict[str, ServerSession] = {}
+        self.snapshot_book = SnapshotBook()
         self.tasks: set[asyncio.Task[None]] = set()  # app-owned background tasks, cancelled at shutdown
         self.ready = False
         self.load_error: str | None = None
@@ -177,11 +187,21 @@ class AppState:
             raise NotFound(f"no session {session_id!r}")
         return session
 
-    async def new_session(self, body: CreateSessionRequest, client: str) -> ServerSession:
-        """A session in state `created`, waiting for its offer (REST create, or WHEP). `client` is the
-        caller's address, for the per-client creation rate. Every refusal comes before any work."""
+    async def new_session(self, body: CreateSessionRequest, request: Request) -> ServerSession:
+        """A session in state `created`, waiting for its offer (REST create, or WHEP); the request's
+        address counts against the per-client creation rate, and its bearer must open the snapshot
+        of a branch. Every refusal comes before any work."""
         self.require_ready()
         settings = self.settings
+        client = client_address(request)
+        branch_of = None
+        if body.snapshot is not None:
+            given = body.model_fields_set - {"snapshot", "fps", "max_duration_s", "dispatch"}
+            if given:
+                raise BadRequest(
+                    f"a branch continues its snapshot's {', '.join(sorted(given))}: send 'snapshot' without them"
+                )
+            branch_of = authorize_snapshot(self, body.snapshot, request)
         wait_s = self.create_limiter.take(client, time.monotonic())
         if wait_s is not None:
             self.metrics.sessions_refused.labels("rate_limited").inc()
@@ -201,11 +221,14 @@ class AppState:
                 raise BadRequest(
                     f"chunk_frames {body.chunk_frames} does not fit the attention window; use at most {room}"
                 )
-        self._admitting += 1  # holds the slot while the image decodes off the loop
-        try:
-            scene, image = await asyncio.to_thread(_start_image, body, self)
-        finally:
-            self._admitting -= 1
+        if branch_of is None:
+            self._admitting += 1  # holds the slot while the image decodes off the loop
+            try:
+                scene, image = await asyncio.to_thread(_start_image, body, self)
+            finally:
+                self._admitting -= 1
+        else:
+            scene, image = branch_of.origin.scene, branch_of.origin.image
         session = ServerSession(
             self.engine,
             self.preset,
@@ -221,8 +244,10 @@ class AppState:
             scene=scene,
             recordings=self.recordings if settings.record else None,
             weights_digest=self.weights_digest,
+            branch_of=branch_of,
         )
         self.sessions[session.id] = session
+        self.snapshot_book.joined(session.origin.line, session.token)
         self._forget_when_closed(session)
         return session
 
@@ -451,7 +476,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.post("/v1/sessions", status_code=201, response_model=SessionInfo, dependencies=[Depends(require_token)])
     async def create_session(request: Request, body: CreateSessionRequest | None = None) -> dict[str, Any]:
-        session = await state.new_session(body or CreateSessionRequest(), client_address(request))
+        session = await state.new_session(body or CreateSessionRequest(), request)
         url = state.node_url(f"/v1/sessions/{session.id}")
         return session.info() | {
             "token": session.token,
@@ -462,6 +487,7 @@ def create_app(settings: Settings) -> FastAPI:
             "video_url": f"{url}/video.mp4",
             "watch_url": watch_url(state, session),
             "watch_token": session.watch_token,
+            "snapshots_url": f"{url}/snapshots",
         }
 
     @app.get("/v1/sessions", dependencies=[Depends(require_token)])
@@ -513,6 +539,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     app.include_router(whep_router(state.check_token, lambda session: watch_headers(state, session)))
     app.include_router(watch_router(state))
+    app.include_router(snapshot_router(state))
 
     # ---- the browser client ----
 

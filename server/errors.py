@@ -94,6 +94,18 @@ class Draining(Unavailable):
     code = "draining"
 
 
+class Gone(ServerError):
+    """A snapshot that was kept and is not any more (evicted, deleted, lost with a stage)."""
+
+    code = "snapshot_gone"
+
+
+class InsufficientStorage(ServerError):
+    """A snapshot the budget cannot hold."""
+
+    code = "snapshot_too_large"
+
+
 HTTP_STATUS: dict[type[ServerError], int] = {
     BadRequest: 400,
     Unauthorized: 401,
@@ -103,9 +115,11 @@ HTTP_STATUS: dict[type[ServerError], int] = {
     Conflict: 409,
     TooLarge: 413,
     UnsupportedMediaType: 415,
+    Gone: 410,
     Busy: 429,
     RateLimited: 429,
     Unavailable: 503,
+    InsufficientStorage: 507,
     ServerError: 500,
 }
 

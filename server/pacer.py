@@ -135,6 +135,13 @@ class Pacer:
         if frames.shape[0]:
             self._arrived.set()
 
+    def discard_queued(self) -> int:
+        """Forget the frames not yet sent (a rewind: they belong to a future that will not happen).
+        Not counted as dropped; the schedule and the pts go on. Returns how many went."""
+        n = len(self._queue)
+        self._queue.clear()
+        return n
+
     # ---- consumer side ----
 
     @property

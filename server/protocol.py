@@ -114,6 +114,14 @@ class _ServerMessage(BaseModel):
         return self.model_dump_json()
 
 
+class Parent(BaseModel):
+    """Where a branch came from: the snapshot it started from, the session that took it, its chunk."""
+
+    snapshot_id: str
+    session_id: str
+    chunk_index: int
+
+
 class ReadyMsg(_ServerMessage):
     type: Literal["ready"] = "ready"
     session_id: str
@@ -128,6 +136,7 @@ class ReadyMsg(_ServerMessage):
     idle_timeout_s: float | None  # the session ends after this long without a control (None: never)
     max_duration_s: float | None
     role: Literal["driver", "spectator"] = "driver"  # a spectator watches and cannot steer
+    parent: Parent | None = None  # a branch: the snapshot it started from
 
 
 class VideoStartMsg(_ServerMessage):
@@ -235,10 +244,21 @@ class DoneMsg(_ServerMessage):
     reason: str
 
 
-ServerMessage = ReadyMsg | VideoStartMsg | ChunkMsg | StatsMsg | ErrorMsg | PongMsg | DoneMsg
+class RewoundMsg(_ServerMessage):
+    """The session was rewound to a snapshot (POST /v1/sessions/{id}/restore): frames from here on
+    continue from it; chunk indices start again at its `chunk_index`."""
+
+    type: Literal["rewound"] = "rewound"
+    parent: Parent
+
+
+ServerMessage = ReadyMsg | VideoStartMsg | ChunkMsg | StatsMsg | ErrorMsg | PongMsg | DoneMsg | RewoundMsg
 
 
 # ---- REST ----
+
+
+SnapshotId = Annotated[str, Field(pattern=r"^[0-9a-f]{16}$", description="a snapshot's id")]
 
 
 class CreateSessionRequest(BaseModel):
@@ -255,6 +275,28 @@ class CreateSessionRequest(BaseModel):
     dispatch: DispatchPolicy | None = Field(
         default=None, description="when chunks start: jit (default) or chunk-synchronous (the A/B baseline)"
     )
+    snapshot: SnapshotId | None = Field(
+        default=None,
+        description="start from this snapshot (a branch): its image, prompt, seed and chunk size; "
+        "send a token of its session's line as the bearer",
+    )
+
+
+class RestoreRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    snapshot: SnapshotId
+
+
+class SnapshotInfo(BaseModel):
+    snapshot_id: str
+    session_id: str  # the session it was taken from
+    chunk_index: int  # the first chunk a branch generates: the state after chunk_index - 1
+    frames: int  # video frames generated before it
+    bytes: int  # every stage worker's part together
+    created: float  # unix seconds
+    where: Literal["memory", "disk"]
+    parent: Parent | None = None  # the snapshot the session it was taken from started from
+    snapshot_url: str
 
 
 class SessionInfo(BaseModel):
@@ -278,6 +320,8 @@ class SessionInfo(BaseModel):
     # that lets its holder watch (never steer) this one session; the driver can revoke it.
     watch_url: str | None = None
     watch_token: str | None = None
+    snapshots_url: str | None = None  # only in the create response: POST here to save the world
+    parent: Parent | None = None  # a branch: the snapshot it started from
     metrics: dict[str, Any] = Field(default_factory=dict)
     error: str | None = None
     ended: str | None = None  # the EndReason, once it has ended

@@ -7,6 +7,11 @@ few kilobytes regenerates the session exactly: `python -m benchmarks.replay --re
 checks every chunk's digest. Prompt changes sent during a session take effect in the next one (the
 conditioning of a running session is fixed), so a recording holds the one prompt it ran with.
 
+A branch (a session started from a snapshot, or one rewound to it) records its whole line: the first
+session's recipe and the chunks before the snapshot, as that session recorded them (`history`, kept
+with the snapshot), then its own. Regenerating it runs from chunk 0 and meets the branch's frames
+from the snapshot on; its MP4 holds only the frames this session generated, in the order shown.
+
 The schema (`RECORDING_SCHEMA`, versioned):
     schema, session_id, created (unix s), model, weights (workers/models/weights_digest.py),
     placement {name, stages}, intra_op_threads, seed, prompt, fps, chunk_latent_frames,
@@ -24,6 +29,7 @@ ends there; the live stream never waits for the recording.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import hashlib
 import io
@@ -90,6 +96,7 @@ class _Part:
     index: int
     frames: np.ndarray
     last: bool
+    line: int  # rewinds before it: a chunk index names another chunk after each
 
 
 @dataclass
@@ -108,7 +115,8 @@ class SessionRecording:
         self._chunks: dict[int, ChunkEntry] = {}
         self._incomplete: str | None = None
         self._incomplete_from: int | None = None  # the first chunk a part of which was not queued
-        self._pending: dict[int, list[np.ndarray]] = {}  # recorder thread only: its parts so far
+        self._pending: dict[tuple[int, int], list[np.ndarray]] = {}  # recorder thread only: (line, chunk) -> parts
+        self._line = 0  # rewinds so far
         h, w = recipe.image.shape[:2]
         self.video_path = store.start_video(session_id)
         # One encoder thread: the recorder is one thread beside the workers, and x264's frame threads
@@ -132,7 +140,7 @@ class SessionRecording:
         if self._incomplete is not None:
             return
         try:
-            self._queue.put_nowait(_Part(index, frames, last))
+            self._queue.put_nowait(_Part(index, frames, last, self._line))
         except queue.Full:
             self._mark_incomplete(index, f"the recorder fell behind at chunk {index} (queue of {QUEUE_PARTS} parts)")
 
@@ -143,6 +151,25 @@ class SessionRecording:
             return
         self._queue.put(None)
         self._thread.join()
+
+    def history(self, before: int, wait_s: float = 5.0) -> list[ChunkEntry]:
+        """The entries of chunks before `before`, once their digests are in (the recorder thread may
+        still be hashing the last ones; blocks up to `wait_s`: call it off the event loop). A chunk
+        without a digest then makes the history incomplete: it ends before that chunk."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self._lock:
+                entries = [dataclasses.replace(self._chunks[i]) for i in sorted(self._chunks) if i < before]
+                broken = self._incomplete is not None
+            if all(e.frames_sha256 is not None for e in entries) or broken or time.monotonic() > deadline:
+                return [e for e in entries if e.frames_sha256 is not None]
+            time.sleep(0.02)
+
+    def rewind(self, history: list[ChunkEntry]) -> None:
+        """From now on the line continues from a snapshot: its chunks are `history` (any later ones go)."""
+        with self._lock:
+            self._chunks = {e.index: dataclasses.replace(e) for e in history}
+            self._line += 1
 
     # ---- read ----
 
@@ -207,17 +234,20 @@ class SessionRecording:
             if cut is not None and part.index >= cut:  # a part of this chunk was lost: no digest from here
                 self._end_video(self._incomplete)
                 continue
-            self._pending.setdefault(part.index, []).append(part.frames)
+            key = (part.line, part.index)
+            self._pending.setdefault(key, []).append(part.frames)
             if not part.last:
                 continue
             # A whole chunk: its digest, and its frames into the video (the video and the recording
             # hold the same chunks: one cut short by the session's end is in neither).
-            parts = self._pending.pop(part.index)
+            parts = self._pending.pop(key)
+            for stale in [k for k in self._pending if k[0] < part.line]:  # cut short by a rewind
+                del self._pending[stale]
             digest = hashlib.sha256()
             for frames in parts:
                 digest.update(np.ascontiguousarray(frames).data)
             with self._lock:
-                entry = self._chunks.get(part.index)
+                entry = self._chunks.get(part.index) if part.line == self._line else None
                 if entry is not None:
                     entry.frames_sha256 = digest.hexdigest()
             for frames in parts:

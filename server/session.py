@@ -14,6 +14,11 @@ reports the viewer sends for the video it gets.
 Engine callbacks arrive on the scheduler thread and are handed to the event loop; the loop only
 enqueues frames (no copies, no conversion) and sends small JSON messages.
 
+A session may start from a snapshot (a branch) and may be rewound to one (`restore`): either way
+its engine session opens from the snapshot's state, and a rewind replaces the engine session under
+the same connection, pacer and fan-out (the frames queued from the abandoned future are discarded).
+Frames of an engine session that is not the current one are ignored.
+
 When the engine could start this viewer's next chunk it asks `_sample_control` (scheduler thread);
 the session's dispatch controller (`server/dispatch.py`) answers start now, later, or not yet, and a
 chunk that starts takes the controls held at that moment. Control-to-frame latency is measured from
@@ -37,7 +42,7 @@ import numpy as np
 from aiortc import RTCPeerConnection, RTCRtpSender
 
 from server.dispatch import DispatchConfig, DispatchController, DispatchPolicy, StartLater, StartNow
-from server.errors import AlreadyConnected, BadRequest, Busy, SessionClosed
+from server.errors import AlreadyConnected, BadRequest, Busy, SessionClosed, Unavailable
 from server.fanout import VideoFanout, ViewerTrack
 from server.metrics import Metrics
 from server.offer import OfferError, validate_offer
@@ -48,11 +53,13 @@ from server.protocol import (
     DoneMsg,
     EndReason,
     ErrorMsg,
+    Parent,
     PingMsg,
     PongMsg,
     PromptMsg,
     ProtocolError,
     ReadyMsg,
+    RewoundMsg,
     ServerMessage,
     StatsMsg,
     StopMsg,
@@ -63,6 +70,7 @@ from server.rate_limit import TokenBucket
 from server.recording import Recipe, SessionRecording
 from server.recording_store import RecordingStore
 from server.settings import Settings
+from server.snapshot import Origin, ServerSnapshot, snapshot_error
 from server.spectator import Spectator
 from server.timeline import TIMELINE_CHUNKS, SessionTimeline
 from server.viewer_peer import answer_viewer, close_peer_connection, new_peer_connection, send_on, wait_until_silent
@@ -73,6 +81,7 @@ from workers.runtime.engine import PipelineEngine
 from workers.runtime.messages import RAISED
 from workers.runtime.records import ChunkOutput
 from workers.runtime.scheduler import Hold
+from workers.runtime.snapshot_catalog import SnapshotEntry, SnapshotGone
 from workers.runtime.supervisor import EngineError
 
 log = logging.getLogger("worldrtc.session")
@@ -118,16 +127,34 @@ class ServerSession:
         scene: str | None = None,
         recordings: RecordingStore | None = None,
         weights_digest: str = "",
+        branch_of: ServerSnapshot | None = None,
     ) -> None:
         self.id = secrets.token_hex(8)
         self.token = secrets.token_urlsafe(24)
         self.engine, self.preset, self.settings, self.metrics = engine, preset, settings, metrics
+        if branch_of is not None:  # the line's start: image, prompt, seed, frame rate, chunk size
+            o = branch_of.origin
+            image, prompt, seed, scene, fps, chunk_latent_frames = (
+                o.image,
+                o.prompt,
+                o.seed,
+                o.scene,
+                o.fps,
+                o.chunk_latent_frames,
+            )
         self.image, self.prompt, self.seed, self.scene = image, prompt, seed, scene
         # The client may ask for less time than the server allows, never more.
         limits = [t for t in (max_duration_s, settings.session_limit_s) if t]
         self.max_duration_s = min(limits) if limits else None
         self.fps = fps or settings.fps or preset.fps
         self.chunk_latent_frames = chunk_latent_frames or preset.chunk_latent_frames
+        self.origin = (
+            branch_of.origin
+            if branch_of is not None
+            else Origin(image, prompt, seed, self.fps, self.chunk_latent_frames, scene, line=self.id)
+        )
+        self._start_from = branch_of  # the snapshot the engine session opens from (a rewind changes it)
+        self.parent: Parent | None = None if branch_of is None else branch_of.as_parent()
         self.state = SessionState.CREATED
         self.created_t = time.monotonic()
         self.error: str | None = None
@@ -176,7 +203,7 @@ class ServerSession:
         self._last_chunk_t: float | None = None
         self._periods: deque[float] = deque(maxlen=64)
         self.chunks = 0
-        self._frames_pushed = 0
+        self._frames_pushed = 0 if branch_of is None else branch_of.frames
         self.first_frame_s: float | None = None
         self._recordings, self._weights_digest = recordings, weights_digest
         self.recording: SessionRecording | None = None  # from the engine session's open
@@ -198,6 +225,7 @@ class ServerSession:
             "height": p.height_px,
             "fps": self.fps,
             "chunk_frames": chunk_num_frames(1, self.chunk_latent_frames),
+            "parent": None if self.parent is None else self.parent.model_dump(),
             "error": self.error,
             "ended": None if self.ended is None else self.ended.value,
             "metrics": {
@@ -246,7 +274,60 @@ class ServerSession:
             idle_timeout_s=self.settings.idle_timeout_s,
             max_duration_s=self.max_duration_s,
             role=role,
+            parent=self.parent,
         )
+
+    # ---- snapshots ----
+
+    async def snapshot(self, wait_s: float) -> SnapshotEntry:
+        """Save the generation state at the next chunk boundary (server/snapshots.py)."""
+        if self.state is not SessionState.STREAMING or self.engine_session is None:
+            raise SessionClosed(f"session {self.id} is {self.state.value}: only a streaming session can be saved")
+        done: asyncio.Future[SnapshotEntry] = self.loop.create_future()
+
+        def on_done(entry: SnapshotEntry | None, error: str | None) -> None:  # scheduler thread
+            def settle() -> None:
+                if done.done():
+                    return
+                if entry is None:
+                    done.set_exception(snapshot_error(error or "unknown"))
+                else:
+                    done.set_result(entry)
+
+            self.loop.call_soon_threadsafe(settle)
+
+        self.engine.take_snapshot(self.engine_session, on_done)
+        try:
+            return await asyncio.wait_for(done, wait_s)
+        except TimeoutError:
+            raise Unavailable(f"the snapshot did not complete in {wait_s:g} s", retry_after_s=2) from None
+
+    async def restore(self, snapshot: ServerSnapshot) -> None:
+        """Rewind to `snapshot` in place: the same connection goes on, showing frames from it."""
+        if self.state is not SessionState.STREAMING or self.engine_session is None:
+            raise SessionClosed(f"session {self.id} is {self.state.value}: only a streaming session can be rewound")
+        self.engine.snapshots.use(snapshot.snapshot_id)  # SnapshotGone before anything is torn down
+        old, self.engine_session = self.engine_session, None
+        self.engine.close_session(old)
+        discarded = self.pacer.discard_queued()
+        with self._lock:
+            self.dispatch = DispatchController(self.dispatch.config)
+        self._chunk_parts.clear()
+        self._awaiting_display.clear()
+        self._frames_pushed = snapshot.frames
+        self._start_from, self.parent = snapshot, snapshot.as_parent()
+        if self.recording is not None:
+            self.recording.rewind(snapshot.history or [])
+        log.info(
+            "session %s rewound to snapshot %s (chunk %d); %d queued frames discarded",
+            self.id,
+            snapshot.snapshot_id,
+            snapshot.chunk_index,
+            discarded,
+            extra={"session_id": self.id},
+        )
+        self._send(RewoundMsg(parent=self.parent))
+        self._open_engine_session()
 
     # ---- spectators ----
 
@@ -424,6 +505,20 @@ class ServerSession:
         if self._recordings is not None:
             self.recording = SessionRecording(self.id, self._recipe(), self._recordings)
         self.timeline = SessionTimeline(self._open_t, self._open_perf_t)
+        if self.recording is not None and self._start_from is not None:
+            self.recording.rewind(self._start_from.history or [])
+        if not self._open_engine_session():
+            return
+        self._tasks.spawn(self._watch_peer(), "peer")
+        if self.settings.idle_timeout_s:
+            self._tasks.spawn(self._expire_when_idle(self.settings.idle_timeout_s), "idle")
+        self._tasks.spawn(self._send_stats(), "stats")
+        if self.max_duration_s:
+            self._tasks.spawn(self._expire(self.max_duration_s), "max-duration")
+
+    def _open_engine_session(self) -> bool:
+        """Start generating, from the start image or from `_start_from`; False if it could not."""
+        start = self._start_from
         try:
             self.engine_session = self.engine.open_session(
                 self.image,
@@ -433,16 +528,12 @@ class ServerSession:
                 self._chunk_from_engine,
                 self._end_from_engine,
                 chunk_latent_frames=self.chunk_latent_frames,
+                snapshot=None if start is None else start.snapshot_id,
             )
-        except (EngineError, ValueError) as exc:
+        except (EngineError, ValueError, SnapshotGone) as exc:
             self._tasks.spawn(self.close(EndReason.GENERATION_FAILED, f"could not start generating: {exc}"), "close")
-            return
-        self._tasks.spawn(self._watch_peer(), "peer")
-        if self.settings.idle_timeout_s:
-            self._tasks.spawn(self._expire_when_idle(self.settings.idle_timeout_s), "idle")
-        self._tasks.spawn(self._send_stats(), "stats")
-        if self.max_duration_s:
-            self._tasks.spawn(self._expire(self.max_duration_s), "max-duration")
+            return False
+        return True
 
     def _recipe(self) -> Recipe:
         placement = self.engine.placement
@@ -508,8 +599,8 @@ class ServerSession:
     def _on_chunk(self, out: ChunkOutput) -> None:
         """Part of a chunk's frames (loop thread): into the pacer at once, and reported to the dispatch
         controller; the last part completes the `chunk` message."""
-        if self.state not in (SessionState.CONNECTING, SessionState.STREAMING):
-            return
+        if self.state not in (SessionState.CONNECTING, SessionState.STREAMING) or out.session_id != self.engine_session:
+            return  # over, or the engine session a rewind replaced
         n = int(out.frames.shape[0])
         first_frame = self._frames_pushed
         pacer = self.pacer
@@ -603,10 +694,10 @@ class ServerSession:
         self.loop.call_soon_threadsafe(self._on_chunk, out)
 
     def _end_from_engine(self, session_id: str, error: str | None) -> None:
-        self.loop.call_soon_threadsafe(self._on_engine_end, error)
+        self.loop.call_soon_threadsafe(self._on_engine_end, session_id, error)
 
-    def _on_engine_end(self, error: str | None) -> None:
-        if error is not None and self.state in ACTIVE:
+    def _on_engine_end(self, session_id: str, error: str | None) -> None:
+        if error is not None and self.state in ACTIVE and session_id == self.engine_session:
             why, detail = generation_failed_reason(error), f"generation failed: {error}"
             self._tasks.spawn(self.close(EndReason.GENERATION_FAILED, why, detail=detail), "close")
 

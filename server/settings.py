@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -43,6 +44,12 @@ class Settings(BaseSettings):
     # packetizing of frames encoded once for the session. 0 turns watching off.
     max_spectators_per_session: int = Field(default=16, ge=0)
     max_spectators: int = Field(default=64, ge=0)  # on this node, all sessions together
+    # Snapshots (server/snapshots.py): host memory for every worker's parts of them together, least
+    # recently used evicted first; 0 turns snapshots off. With a spill directory, evicted snapshots
+    # move there first, within snapshot_spill_gib (they are lost when a stage restarts or the server stops).
+    snapshot_budget_gib: float = Field(default=4.0, ge=0)
+    snapshot_spill_dir: Path | None = None
+    snapshot_spill_gib: float = Field(default=16.0, ge=0)
     # Memory the plan may use (workers/runtime/memory_plan.py): per GPU, and the host's for CPU
     # placements. None: what the device reports, and the host's available memory.
     device_memory_gib: float | None = Field(default=None, gt=0)

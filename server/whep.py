@@ -1,6 +1,6 @@
 """WHEP (RFC 9725): any WebRTC player can watch, and steer if it opens a `control` data channel.
 
-    POST   /v1/whep[?scene=&seed=&prompt=&dispatch=]   application/sdp offer
+    POST   /v1/whep[?scene=&seed=&prompt=&dispatch=&snapshot=]   application/sdp offer
            -> 201 Created, application/sdp answer, Location: /v1/whep/{id}, ICE servers in Link headers
     DELETE /v1/whep/{id}                               ends the session
     PATCH  /v1/whep/{id}                               405: no trickle ICE; send every candidate in the offer
@@ -9,8 +9,9 @@ The 201 also carries the session's `Worldrtc-Watch-URL` and `Worldrtc-Watch-Toke
 WHEP endpoint and the token that opens it (server/watch.py).
 
 The offer is the whole negotiation: a session is created from the query (the default scene, seed 0,
-when it names none), answered, and starts streaming as soon as ICE connects (or, with a `control`
-data channel in the offer, once that channel opens, exactly as REST sessions do). Where the server
+when it names none; `snapshot=ID` starts a branch from a snapshot, server/snapshots.py), answered,
+and starts streaming as soon as ICE connects (or, with a `control` data channel in the offer, once
+that channel opens, exactly as REST sessions do). Where the server
 has an API token, every request carries it as `Authorization: Bearer <token>`.
 """
 
@@ -24,11 +25,10 @@ from pydantic import ValidationError
 
 from server.errors import BadRequest, MethodNotAllowed, NotFound, UnsupportedMediaType
 from server.protocol import CreateSessionRequest, EndReason
-from server.rate_limit import client_address
 from server.turn import ice_servers_for
 
 SDP = "application/sdp"
-QUERY_FIELDS = ("scene", "seed", "prompt", "dispatch")
+QUERY_FIELDS = ("scene", "seed", "prompt", "dispatch", "snapshot")
 
 
 def ice_server_links(ice_servers: list[dict[str, Any]]) -> list[str]:
@@ -70,7 +70,7 @@ def whep_router(check_token: Any, session_headers: Callable[[Any], dict[str, str
         except ValidationError as exc:
             first = exc.errors()[0]
             raise BadRequest(f"query parameter {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
-        session = await state.new_session(body, client_address(request))
+        session = await state.new_session(body, request)
         answer = await session.accept_offer(await state.local_offer(sdp))
         headers = {"Location": state.node_url(f"/v1/whep/{session.id}")} | session_headers(session)
         response = Response(answer, status_code=201, media_type=SDP, headers=headers)

@@ -81,6 +81,7 @@ class ClientRun:
     # first frame, so a spectator that joined late is offset. 0 for a driver.
     pts_origin: int | None = None
     first_frame_t: float | None = None
+    rewinds: list[dict[str, Any]] = field(default_factory=list)  # `rewound` messages: restored to a snapshot
 
     def session_frames(self) -> list[ReceivedFrame]:
         """`frames` with pts on the session's clock (what the `chunk` messages' pts ranges use)."""
@@ -120,9 +121,14 @@ class Session:
         control: bool = True,
         keep_frames: int = 16,
         watch: tuple[str, str] | None = None,
+        snapshot: str | None = None,
     ) -> None:
+        """`snapshot`: start a branch from it (its session's image, prompt and seed; `token` must be
+        a token of its session's line, or the API token)."""
         self.url = url.rstrip("/")
-        self.request = {"scene": scene, "prompt": prompt, "seed": seed, "dispatch": dispatch}
+        self.request: dict[str, Any] = {"scene": scene, "prompt": prompt, "seed": seed, "dispatch": dispatch}
+        if snapshot is not None:
+            self.request = {"snapshot": snapshot, "dispatch": dispatch}
         self.whep, self.control, self.watch = whep, control and watch is None, watch
         self._auth = {"authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.AsyncClient(base_url=self.url, headers=self._auth, timeout=30)
@@ -235,6 +241,22 @@ class Session:
     def _session_url(self) -> str:
         assert self.info is not None
         return str(self.info.get("session_url") or f"/v1/sessions/{self.info['session_id']}")
+
+    async def save(self) -> dict[str, Any]:
+        """Snapshot the world at its next chunk boundary (REST sessions): the server's SnapshotInfo."""
+        return await self._post_own("/snapshots", None, 201)
+
+    async def restore(self, snapshot_id: str) -> dict[str, Any]:
+        """Rewind this session to a snapshot of its line, in place (REST sessions)."""
+        return await self._post_own("/restore", {"snapshot": snapshot_id}, 200)
+
+    async def _post_own(self, suffix: str, body: dict[str, Any] | None, status: int) -> dict[str, Any]:
+        assert self.info is not None and "token" in self.info and "session_id" in self.info, "a REST session only"
+        own = {"authorization": f"Bearer {self.info['token']}"}
+        r = await self.http.post(self._session_url() + suffix, json=body, headers=own)
+        if r.status_code != status:
+            raise _error(r)
+        return dict(r.json())
 
     async def server_info(self) -> dict[str, Any]:
         """The server's record of this session (REST sessions)."""
@@ -366,3 +388,5 @@ class Session:
             self.run.done = msg
         elif kind == "video_start":
             self.run.pts_origin = int(msg["pts"])
+        elif kind == "rewound":
+            self.run.rewinds.append(msg)

@@ -106,6 +106,9 @@ class MemoryPlan:
     max_sessions: int
     kernels: KernelConfig
     devices: tuple[DevicePlan, ...]
+    # One snapshot (workers/session_state.py): a copy of one session's state on every worker, in
+    # host memory. The largest it gets: before the condition stream's fixed point, with its caches.
+    snapshot_bytes: int = 0
 
     @property
     def fits(self) -> bool:
@@ -126,6 +129,9 @@ class MemoryPlan:
                 out.append(f"  {w.name}{rank}: {_gib(w.total_bytes)}")
                 out += [f"    {line.what:<58} {_gib(line.nbytes):>11}" for line in w.lines]
             out += [f"  {line.what:<60} {_gib(line.nbytes):>11}" for line in d.extra]
+        snap = self.snapshot_bytes
+        size = _gib(snap) if snap >= GIB else f"{snap / MIB:.1f} MiB"
+        out.append(f"\none snapshot (host memory, every worker's part of one session's state): {size}")
         out.append("\n" + ("the placement fits" if self.fits else "the placement does NOT fit"))
         return "\n".join(out)
 
@@ -170,6 +176,7 @@ def plan_memory(
     c = preset.chunk_latent_frames
     lat = (preset.latent_height, preset.latent_width)
     cond_bytes = _nbytes((1, 20, c, *lat), torch.float32)
+    image_bytes = _nbytes((3, preset.height_px, preset.width_px), torch.float32)  # the condition stream keeps it
     latents_bytes = _nbytes((1, preset.vae.z_dim, c, *lat), torch.float32)
     slots = StageHandler.OUTPUT_SLOTS
     stage_devices = {s: [str(d) for d in placement.stage_devices(s.value)] for s in Stage}
@@ -187,6 +194,8 @@ def plan_memory(
     context_bytes = _nbytes(family.context_shape(preset), prec.context)
     slot_bytes = slots * (cond_bytes + context_bytes)
     encode_slots = Line(f"output slots: {slots} conditions + {slots} contexts", slot_bytes, dev == HOST)
+    encode_session = 2 * enc.session_bytes + cond_bytes + image_bytes
+    snapshot = encode_session
     workers.append(
         WorkerPlan(
             "encode0",
@@ -196,7 +205,7 @@ def plan_memory(
                 *_runtime(Stage.ENCODE, dev),
                 Line(f"VAE weights ({_dtype_name(prec.vae)})", enc.weights_bytes),
                 Line(f"{family.context_name} weights ({_dtype_name(prec.context)})", ctx.weights_bytes),
-                Line(f"VAE encoder caches, snapshot, condition × {n}", n * (2 * enc.session_bytes + cond_bytes)),
+                Line(f"VAE encoder caches, their copy, condition, image × {n}", n * encode_session),
                 Line("activations (one chunk, or one context)", max(enc.peak_bytes, ctx.peak_bytes)),
                 encode_slots,
             ),
@@ -221,6 +230,7 @@ def plan_memory(
         if r == 0:
             lines.append(Line(f"output slots: {slots} latents", slots * latents_bytes, dev == HOST))
         workers.append(WorkerPlan(f"dit{r}", dev, ranks, tuple(lines)))
+        snapshot += dit.kv_cache_bytes // ranks + dit.session_bytes - dit.kv_cache_bytes
 
     # Decode: the VAE; per session the decoder caches (rows split across ranks); rank 0 fills the
     # frame ring in host shared memory, one profile for a session's first chunk and one for the rest.
@@ -243,12 +253,13 @@ def plan_memory(
             if r == 0:
                 lines.append(Line(f"frame ring: {frame_ring_slots} chunks × 2 sizes", ring, True))
         workers.append(WorkerPlan(f"decode{r}", dev, ranks, tuple(lines)))
+        snapshot += dec.session_bytes // ranks
 
     devices = []
     for device in dict.fromkeys(w.device for w in workers):
         mine = tuple(w for w in workers if w.device == device)
         devices.append(DevicePlan(device, mine, _extra(device, mine, placement), capacity(device)))
-    return MemoryPlan(preset.name, placement.name, n, kernels, tuple(devices))
+    return MemoryPlan(preset.name, placement.name, n, kernels, tuple(devices), snapshot)
 
 
 def _runtime(stage: Stage, device: str) -> tuple[Line, ...]:

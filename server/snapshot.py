@@ -1,0 +1,54 @@
+"""A snapshot as the server keeps it: the engine's state is in the workers (server/snapshots.py says
+how snapshots are taken and used); what a branch needs besides it, its line's start and recorded
+chunks, is here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from server.errors import Conflict, InsufficientStorage, Unavailable
+from server.protocol import Parent
+from server.recording import ChunkEntry
+from workers.chunk_geometry import chunk_first_frame
+
+
+@dataclass
+class Origin:
+    """What a branch starts from besides the engine's state: the line's start and its recording."""
+
+    image: Any  # HxWx3 uint8, fitted to the model
+    prompt: str
+    seed: int
+    fps: int
+    chunk_latent_frames: int
+    scene: str | None
+    line: str  # the id of the line's first session
+
+
+@dataclass
+class ServerSnapshot:
+    snapshot_id: str
+    session_id: str
+    chunk_index: int
+    nbytes: int
+    created: float
+    origin: Origin
+    parent: Parent | None  # the snapshot the session it was taken from started from
+    history: list[ChunkEntry] | None = None  # the line's recorded chunks before it (with recordings)
+    frames: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.frames = chunk_first_frame(self.chunk_index, self.origin.chunk_latent_frames)
+
+    def as_parent(self) -> Parent:
+        return Parent(snapshot_id=self.snapshot_id, session_id=self.session_id, chunk_index=self.chunk_index)
+
+
+def snapshot_error(error: str) -> Exception:
+    """The engine's reason a snapshot failed, as what the client is told."""
+    if "budget" in error:
+        return InsufficientStorage(error)
+    if "running session" in error or "being taken" in error:
+        return Conflict(error)
+    return Unavailable(f"the snapshot failed: {error}", retry_after_s=2)
