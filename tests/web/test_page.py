@@ -20,6 +20,11 @@ and only the world model is not; `--max-sessions 1`, so a second session meets a
   nothing created and no model description read); the driver sees who watches; Leave ends the watch
   on the server; a new link ends the old one's watch ("The driver stopped sharing"), and the old link
   is refused in the server's words; when the driver stops, the spectator is told the world has ended.
+- Snapshots: Save (key P, which steers nothing) keeps the world and adds a thumbnail of the video to
+  the strip; Branch starts a new session from it in place of the live one (the HUD names its parent)
+  and the strip outlives the session it was saved in; Rewind takes the live session back to a
+  snapshot on the same connection (the `rewound` message) and it plays on; × forgets one. A server
+  without snapshots gets a sentence, and the session streams on.
 """
 
 from __future__ import annotations
@@ -510,4 +515,167 @@ def test_a_spectator_link_shows_the_world_without_its_controls(
     watch = f"/v1/sessions/{session_id}/watch"
     left = {p for p in paths if p.startswith(f"DELETE {watch}/")}  # Leave
     assert len(left) == 1 and paths - left == {"GET /v1/ice-servers", f"POST {watch}"}, paths
+    no_page_errors(errors)
+
+
+SNAPSHOT_TIMEOUT_MS = 15_000  # a snapshot is taken at the next chunk boundary: a few seconds at most
+MESSAGE_IS_ERROR = "document.getElementById('message').classList.contains('error')"
+SAVE_LABELS = """() => {
+  const b = document.getElementById('save-btn');
+  window.saveLabels = [];
+  new MutationObserver(() => window.saveLabels.push([b.textContent, b.disabled]))
+    .observe(b, {attributes: true, childList: true, characterData: true, subtree: true});
+}"""
+THUMBNAIL_PIXELS = """(i) => {
+  const c = document.querySelectorAll('#snap-strip .snap canvas')[i];
+  const data = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+  let lit = 0;
+  for (let p = 0; p < data.length; p += 4) if (data[p] + data[p + 1] + data[p + 2] > 48) lit += 1;
+  return {width: c.width, height: c.height, lit};
+}"""
+
+
+def save_snapshot(page: Any, count: int) -> dict:
+    """Press P on the video and wait for the strip's `count`th thumbnail: that snapshot, as the hook has it."""
+    page.locator("#video-box").focus()
+    page.keyboard.press("p")
+    page.wait_for_function(
+        f"(n) => window.worldrtc.snapshots.length >= n || {MESSAGE_IS_ERROR}",
+        arg=count,
+        timeout=SNAPSHOT_TIMEOUT_MS,
+    )
+    snaps = hook(page)["snapshots"]
+    assert len(snaps) == count, page.locator("#message").inner_text()
+    assert page.locator("#snap-strip .snap").count() == count
+    return snaps[-1]
+
+
+def thumbnail(page: Any, i: int, action: str) -> None:
+    """Open the `i`th thumbnail's actions and press `action` (branch, rewind)."""
+    snap = page.locator("#snap-strip .snap").nth(i)
+    snap.locator(".snap-pick").click()
+    assert snap.locator(".snap-pick").get_attribute("aria-expanded") == "true"
+    snap.locator(f".snap-{action}").click()
+
+
+def parent_of(snap: dict) -> dict:
+    """The parent a session that goes on from `snap` names (ready, rewound, the HUD)."""
+    return {k: snap[k] for k in ("snapshot_id", "session_id", "chunk_index")}
+
+
+def parent_row(page: Any) -> str:
+    return " ".join(page.locator("#hud-parent-row").inner_text().split())
+
+
+def frames_go_on(page: Any, frames: int = 8) -> None:
+    """More frames are shown, and the session still streams."""
+    start = hook(page)["stats"]["framesDisplayed"]
+    page.wait_for_function(
+        "(n) => window.worldrtc.state === 'error' || window.worldrtc.stats.framesDisplayed >= n",
+        arg=start + frames,
+        timeout=STREAM_TIMEOUT_MS,
+    )
+    state = hook(page)
+    assert state["state"] == "streaming", state["error"]
+    assert page.locator("#video").evaluate("v => v.videoWidth > 0 && !v.paused")
+
+
+def wait_rewound(page: Any, snap: dict) -> dict:
+    page.wait_for_function(
+        f"(id) => (window.worldrtc.rewound || {{}}).snapshot_id === id || window.worldrtc.state === 'error'"
+        f" || {MESSAGE_IS_ERROR}",
+        arg=snap["snapshot_id"],
+        timeout=SNAPSHOT_TIMEOUT_MS,
+    )
+    state = hook(page)
+    assert state["rewound"] is not None, page.locator("#message").inner_text() or state["error"]
+    return state
+
+
+def test_snapshots_branch_a_new_session_and_rewind_the_live_one(
+    browser: Any, server: ServerProcess, errors: list[str]
+) -> None:
+    page = open_page(browser, server, errors, viewport={"width": 1280, "height": 800})
+    assert page.locator("#save-btn").is_disabled() and not page.locator("#snapshots").is_visible()
+    page.locator("#start-btn").click()
+    wait_streaming(page)
+    first = hook(page)["sessionId"]
+    assert not page.locator("#hud-parent-row").is_visible()  # a world of its own
+    assert page.locator("#save-btn").is_enabled()
+
+    # Save with P: the button says so while the server copies the state, and P steers nothing.
+    page.evaluate(SAVE_LABELS)
+    snap = save_snapshot(page, 1)
+    assert snap["session_id"] == first and snap["chunk_index"] >= 1, snap
+    assert ["Saving\u2026", True] in page.evaluate("() => window.saveLabels")
+    assert page.locator("#save-btn").inner_text() == "Save" and page.locator("#save-btn").is_enabled()
+    assert "control" not in hook(page)["lastSeq"]  # no camera key was pressed
+    label = page.locator("#snap-strip .snap-label").first.inner_text()
+    assert re.fullmatch(rf"chunk {snap['chunk_index']} \u00b7 [\d.]+ (B|kB|MB|GB)", label), label
+    picture = page.evaluate(THUMBNAIL_PIXELS, 0)
+    assert picture["width"] == 96 and 0 < picture["height"] <= 96, picture  # 96 px wide, the video's aspect
+    assert picture["lit"] > 0, "the thumbnail has no picture of the world in it"
+    assert page.locator("#snapshots").is_visible()
+
+    # Branch: a new session from the snapshot, in place of this one; the HUD names where it came from.
+    thumbnail(page, 0, "branch")
+    page.wait_for_function(
+        "(old) => window.worldrtc.state === 'error' || (window.worldrtc.sessionId || old) !== old",
+        arg=first,
+        timeout=STREAM_TIMEOUT_MS,
+    )
+    wait_streaming(page)
+    state = hook(page)
+    branch = state["sessionId"]
+    assert branch != first and state["parent"] == parent_of(snap), state["parent"]
+    assert page.locator("#hud-parent-row").is_visible()
+    assert parent_row(page) == f"branch of {first[:6]} @ chunk {snap['chunk_index']}"
+    assert page.locator("#snap-strip .snap").count() == 1  # the strip outlives the session it was saved in
+    frames_go_on(page)
+
+    # A snapshot of the branch, then Rewind to it: the same session, the same connection, plays on.
+    mine = save_snapshot(page, 2)
+    assert mine["session_id"] == branch, mine
+    thumbnail(page, 1, "rewind")
+    state = wait_rewound(page, mine)
+    assert state["sessionId"] == branch and state["state"] == "streaming"
+    assert state["rewound"] == parent_of(mine) and state["parent"] == parent_of(mine)
+    assert f"Rewound to chunk {mine['chunk_index']}" in page.locator("#message").inner_text()
+    assert parent_row(page) == f"rewound to chunk {mine['chunk_index']}"
+    frames_go_on(page)
+
+    # Rewind to the first session's snapshot: the same line, so the branch may go back to it too.
+    thumbnail(page, 0, "rewind")
+    state = wait_rewound(page, snap)
+    assert state["sessionId"] == branch and state["rewound"] == parent_of(snap)
+    assert parent_row(page) == f"branch of {first[:6]} @ chunk {snap['chunk_index']}"
+    frames_go_on(page)
+
+    # × forgets one; the other stays.
+    page.locator("#snap-strip .snap").nth(0).locator(".snap-delete").click()
+    page.wait_for_function("() => window.worldrtc.snapshots.length === 1", timeout=5_000)
+    assert hook(page)["snapshots"][0]["snapshot_id"] == mine["snapshot_id"]
+    assert not page.locator("#message").evaluate("m => m.classList.contains('error')")
+    stop(page)
+    no_page_errors(errors)
+
+
+def test_a_server_without_snapshots_says_so_and_streams_on(
+    browser: Any, server: ServerProcess, errors: list[str]
+) -> None:
+    page = open_page(browser, server, errors, viewport={"width": 1280, "height": 800})
+    # An older server has no snapshot routes: FastAPI's own 404.
+    page.route(
+        "**/snapshots",
+        lambda route: route.fulfill(status=404, json={"error": "not_found", "message": "Not Found"}),
+    )
+    page.locator("#start-btn").click()
+    wait_streaming(page)
+    page.locator("#save-btn").click()
+    page.wait_for_function(f"() => {MESSAGE_IS_ERROR}", timeout=5_000)
+    assert page.locator("#message").inner_text() == "This server does not save snapshots."
+    assert page.locator("#save-btn").is_enabled() and page.locator("#save-btn").inner_text() == "Save"
+    assert not page.locator("#snapshots").is_visible() and hook(page)["snapshots"] == []
+    frames_go_on(page)
+    stop(page)
     no_page_errors(errors)

@@ -4,7 +4,8 @@
 // applied_seq) and each key change becomes a latency probe (see latency.js).
 //
 // The keys come from the server (GET /v1/model `controls`, via adoptControls), so nothing here
-// copies its key list or its look limit.
+// copies its key list or its look limit. R, T and P are the page's own, whatever the model: they are
+// read before the model's keys, so none of them is ever also sent as a camera key.
 
 import { el } from "./dom.js";
 import { renderHud, toggleTimeline } from "./hud.js";
@@ -19,6 +20,7 @@ const TOUCH_LOOK_GAIN = 1.5; // look pixels per CSS pixel of finger travel on th
 
 const RESET_CODE = "KeyR";
 const TIMELINE_CODE = "KeyT";
+const SAVE_CODE = "KeyP";
 
 // Physical key (event.code, layout independent, lower-cased) → the camera key the server
 // understands, and the server's look limit: both from GET /v1/model.
@@ -26,6 +28,7 @@ let keyMap = {};
 let moveVectors = {}; // move key → [right, forward]
 let turnVectors = {}; // turn key → [yaw right, pitch up]
 let maxLookPx = 0;
+let saveSnapshot = () => {}; // key P: given by wireControls (snapshots.js saves)
 
 export function adoptControls(info) {
   const c = info.controls;
@@ -107,6 +110,11 @@ function onKeyDown(ev) {
   if (code === RESET_CODE || (!code && ev.key && ev.key.toLowerCase() === "r")) {
     ev.preventDefault();
     if (!ev.repeat) resetPose(s);
+    return;
+  }
+  if (code === SAVE_CODE || (!code && ev.key && ev.key.toLowerCase() === "p")) {
+    ev.preventDefault();
+    if (!ev.repeat) saveSnapshot();
     return;
   }
   const key = keyMap[code.toLowerCase()] || keyMap[`key${(ev.key || "").toLowerCase()}`];
@@ -298,7 +306,9 @@ export function startLookLoop(s) {
 
 // ---------------------------------------------------------------- wiring
 
-export function wireControls() {
+// `save`: what key P does (the Save button's action).
+export function wireControls({ save } = {}) {
+  if (save) saveSnapshot = save;
   el.videoBox.addEventListener("click", (ev) => {
     if (ev.target.closest("button, .touch-controls") || hook.touchUi) return;
     lockPointer();

@@ -1,6 +1,6 @@
-// What the page shows about the stream and the model's keys: the HUD's numbers, its stage timeline
-// strip, and the Controls help built from GET /v1/model `accepts`. Drawing only: the numbers are
-// measured in latency.js and by the server, and nothing here changes the session.
+// What the page shows about the stream and the model's keys: the HUD's numbers, where a branch came
+// from, its stage timeline strip, and the Controls help built from GET /v1/model `accepts`. Drawing
+// only: the numbers are measured in latency.js and by the server, and nothing here changes the session.
 
 import { api } from "./api.js";
 import { el } from "./dom.js";
@@ -49,6 +49,22 @@ export function renderHud() {
   // A spectator holds no keys: its row shows the driver's, as the last chunk applied them.
   const keys = hook.role === "spectator" ? (chunk && chunk.applied_keys) || [] : live ? heldKeys(s) : [];
   el.hudKeys.textContent = live && keys.length ? keys.join(" ").toUpperCase() : "–";
+}
+
+// ---- the parent: the snapshot a branch (or a rewound session) goes on from ----
+
+// `parent`: {snapshot_id, session_id, chunk_index} from the create, `ready` or `rewound`, or null;
+// `ownId`: the live session's. Its own snapshot makes it a session rewound, not a branch of another.
+export function showParent(parent, ownId) {
+  const p = parent && typeof parent === "object" && parent.session_id ? parent : null;
+  hook.parent = p;
+  el.hudParentRow.hidden = !p;
+  if (!p) return;
+  const own = p.session_id === ownId;
+  el.hudParent.previousElementSibling.textContent = own ? "rewound to" : "branch of";
+  el.hudParent.textContent = own ? `chunk ${p.chunk_index}`
+    : `${String(p.session_id).slice(0, 6)} @ chunk ${p.chunk_index}`;
+  el.hudParent.title = `snapshot ${p.snapshot_id} of session ${p.session_id}: goes on at chunk ${p.chunk_index}`;
 }
 
 // ---------------------------------------------------------------- the HUD's stage timeline
@@ -144,7 +160,7 @@ function drawTimeline(report) {
 //
 // Models differ: the camera ones take W A S D, I J K L and the mouse, a Temple Run one jumps on W
 // and has no mouse look. Other keys still reach the server, which ignores them, so the help lists
-// only the accepted ones. The R and T lines are the page's and the server's own, whatever the model.
+// only the accepted ones. The R, P and T lines are the page's and the server's own, whatever the model.
 
 const ALIAS_NAMES = { // browser key alias → [key cap, spoken name]
   arrowup: ["\u2191", "up arrow"],
@@ -217,7 +233,7 @@ export function renderKeyHelp(info) {
   }
   const spoken = lines.map(({ caps, meaning }) => `${caps.map(([, name]) => name).join(" or ")} ${meaning}`);
   if (look) spoken.push("click to look around with the mouse");
-  spoken.push("R resets the camera", "T shows the stage timeline");
+  spoken.push("R resets the camera", "P saves a snapshot", "T shows the stage timeline");
   el.videoBox.setAttribute("aria-label", `Generated world. While it streams: ${spoken.join(", ")}.`);
 }
 

@@ -2,6 +2,8 @@
 // keys, mouse or touch over the "control" data channel, and show what the stream is doing in a HUD
 // (with a live stage timeline, key T). The driver can share a link that lets others watch the same
 // world; the page opened with that link is a spectator's view: the video and the HUD, no controls.
+// The driver can also save snapshots of the world (Save, key P), and branch a new session from one
+// or rewind the live one to it.
 // Plain ES modules, no build step, no external requests; the control keys and limits come from the
 // server (GET /v1/model: `controls`, `limits`), so nothing here copies them.
 //
@@ -21,6 +23,7 @@
 //   downloads.js the last session's video and recording
 //   link.js      the spectator link: the watch URL and token in the page's fragment
 //   share.js     the driver's share control: the link, who watches, a new link
+//   snapshots.js the driver's snapshots: Save, the strip of them, Branch, Rewind and delete
 //   view.js      the driver's view or a spectator's
 //   spectator.js a spectator's watch: join, the session's messages, why it ended, Leave
 
@@ -31,8 +34,9 @@ import { wireDownloads } from "./downloads.js";
 import { renderHud, renderKeyHelp, wireHud } from "./hud.js";
 import { readSpectatorLink } from "./link.js";
 import { adoptLimits, createBody, renderScenes, wireStartImage } from "./scenes.js";
-import { start, stop, teardown } from "./session.js";
+import { restart, start, stop, teardown } from "./session.js";
 import { wireShare } from "./share.js";
+import { save, wireSnapshots } from "./snapshots.js";
 import { leave, leaveNow, watch, watchAgain } from "./spectator.js";
 import { app, hook } from "./state.js";
 import { setState, showMessage, showModel, updateControls } from "./status.js";
@@ -83,7 +87,7 @@ function showPromptField(takesPrompt) {
 function runAction() {
   const action = hook.action;
   if ((action === "reconnect" || action === "restart") && app.lastBody) {
-    start(app.lastBody, performance.now(), { isReconnect: action === "reconnect" });
+    restart({ isReconnect: action === "reconnect" });
   } else if (action === "image") {
     el.imageInput.click(); // a click handler may open the file picker
   } else if (action === "scene") {
@@ -121,8 +125,9 @@ function driverPage() {
   wireShare();
   el.overlayBtn.addEventListener("click", runAction);
   wireStartImage();
-  wireControls();
+  wireControls({ save });
   wireHud();
+  wireSnapshots();
   window.addEventListener("pagehide", () => {
     if (app.current && !app.current.closing) teardown(app.current, { sendStop: true });
   });

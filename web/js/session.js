@@ -1,12 +1,14 @@
-// A session's life: create it over REST, offer/answer the WebRTC connection, run its data channels,
-// read the server's messages, and end it (stop, done, lost, failed) with a retry when retrying can
-// help. Everything that can end a session goes through teardown(), so timers, the peer connection
-// and the server-side session (DELETE) are released exactly once.
+// A session's life: create it over REST (from a start image, or from a snapshot: a branch), offer/
+// answer the WebRTC connection, run its data channels, read the server's messages, and end it (stop,
+// done, lost, failed) with a retry when retrying can help. Everything that can end a session goes
+// through teardown(), so timers, the peer connection and the server-side session (DELETE) are
+// released exactly once.
 // Wire formats: server/protocol.py.
 
 import { ApiError, api, describeApiError, sentence, transient } from "./api.js";
 import { send, startLookLoop } from "./controls.js";
 import { el } from "./dom.js";
+import { showParent } from "./hud.js";
 import { onChunk, startFrameWatch } from "./latency.js";
 import {
   alive, armFirstFrameTimer, getIceServers, newConnection, onMessages, releasePeer, resetStats, showVideo,
@@ -23,6 +25,7 @@ const CONNECT_TIMEOUT_MS = 20000; // answer applied → control channel open (th
 const FIRST_FRAME_TIMEOUT_MS = 90000; // channel open → first frame: model compute, generous for big models
 const RECONNECT_DELAYS_MS = [1000, 2000, 4000];
 const RECONNECT_RESET_AFTER_MS = 10000; // a session that streamed this long earns fresh reconnect attempts
+const BRANCH_CLOSE_WAIT_MS = 3000; // a branch waits this long at most for the current session's DELETE
 
 // What a person can do about an error the server reports by code (server/errors.py): permanent
 // errors offer a fix on the overlay's button; transient ones (busy, not ready, no network) are
@@ -41,27 +44,41 @@ function newSession(body, startedAt) {
     token: null,
     done: null, // reason from the server's "done"
     failed: null, // message of a session_failed error that came before "done"
+    line: null, // its line (state.js lineTokens): its own id, or the line of the snapshot it branched from
+    snapshotsUrl: null, // POST here to save a snapshot (snapshots.js)
+    deleting: null, // the DELETE's promise, once sent
   };
 }
 
-export async function start(body, startedAt, { isReconnect = false } = {}) {
+// `line`: for a branch (body {snapshot}), the line its snapshot belongs to, whose token the create
+// carries; null starts a line of its own.
+export async function start(body, startedAt, { isReconnect = false, line = null } = {}) {
   clearTimeout(reconnectTimer);
   reconnectTimer = null;
   if (app.current) teardown(app.current, { sendStop: true });
   const s = newSession(body, startedAt);
   app.current = s;
   app.lastBody = body;
+  app.lastLine = line;
   if (!isReconnect) reconnectAttempt = 0;
   resetStats();
-  setState("connecting", isReconnect ? "Reconnecting: starting a new session…" : "Starting a session…");
+  showParent(null);
+  hook.rewound = null;
+  const branching = Boolean(body.snapshot);
+  setState("connecting", isReconnect ? "Reconnecting: starting a new session…"
+    : branching ? "Branching from the snapshot…" : "Starting a session…");
   showMessage("", false);
 
   try {
-    const created = await api("POST", "/v1/sessions", body);
+    const created = await api("POST", "/v1/sessions", body, line ? app.lineTokens.get(line) : undefined);
     s.id = created.session_id;
     // Behind a balancer the session lives on one node: its routes are the URLs the create returned.
     s.url = created.session_url || `/v1/sessions/${encodeURIComponent(s.id)}`;
     s.token = created.token || null;
+    s.line = line || s.id;
+    if (s.token) app.lineTokens.set(s.line, s.token); // the newest of the line: its sessions may be gone
+    s.snapshotsUrl = created.snapshots_url || `${s.url}/snapshots`;
+    showParent(created.parent, s.id);
     app.recorded = { url: s.url, token: s.token, id: s.id };
     updateControls();
     if (!alive(s)) {
@@ -97,15 +114,43 @@ export async function start(body, startedAt, { isReconnect = false } = {}) {
     startLookLoop(s);
   } catch (err) {
     if (!alive(s)) return;
-    const text = describeApiError(err, "Could not start the session");
+    const doing = branching ? "Could not branch from the snapshot" : "Could not start the session";
+    const text = describeApiError(err, doing);
     if (transient(err)) {
       fail(s, text, { retry: true, code: err.code, retryAfterS: err.retryAfterS });
       return;
     }
     const code = err instanceof ApiError ? err.code : null;
     if (code === "unknown_scene") app.choice = null; // the list is stale: the fix reloads it
-    fail(s, text, { retry: false, code, action: FIX_FOR_CODE[code] || "reconnect" });
+    fail(s, text, { retry: false, code, action: fixFor(code, body) });
   }
+}
+
+// A branch is refused over its snapshot (gone) or its line's token: neither another start image nor
+// the API token fixes that, and a snapshot once gone does not come back.
+function fixFor(code, body) {
+  if (body.snapshot) return ["snapshot_gone", "unauthorized", "forbidden"].includes(code) ? null : "reconnect";
+  return FIX_FOR_CODE[code] || "reconnect";
+}
+
+// The last create again (a reconnect, or "Start again"): a branch branches again from its snapshot.
+export function restart({ isReconnect = false } = {}) {
+  return start(app.lastBody, performance.now(), { isReconnect, line: app.lastLine });
+}
+
+// A new session that goes on from a snapshot of `line`, in place of the current one. That one is
+// closed first and its DELETE awaited: it may hold the server's only session slot.
+export async function branch(snapshotId, line) {
+  clearTimeout(reconnectTimer);
+  reconnectTimer = null;
+  const old = app.current;
+  if (old && !old.closing) {
+    teardown(old, { sendStop: true });
+    setState("connecting", "Closing this session to branch from the snapshot…");
+    await Promise.race([old.deleting, new Promise((resolve) => setTimeout(resolve, BRANCH_CLOSE_WAIT_MS))]);
+    if (app.current !== old || hook.state !== "connecting") return; // Stop or Start came meanwhile
+  }
+  await start({ snapshot: snapshotId }, performance.now(), { line });
 }
 
 // No video in time: the error says why, and a new try would most likely meet the same.
@@ -166,7 +211,7 @@ function fail(s, text, { retry, code = null, action = "reconnect", retryAfterS =
     const delay = Math.max(RECONNECT_DELAYS_MS[reconnectAttempt++], 1000 * (retryAfterS || 0));
     reconnectTimer = setTimeout(() => {
       reconnectTimer = null;
-      if (app.current === s && app.lastBody) start(app.lastBody, performance.now(), { isReconnect: true });
+      if (app.current === s && app.lastBody) restart({ isReconnect: true });
     }, delay);
     setState("error", `${text} Trying again in ${Math.round(delay / 1000)} s (new session)…`, null);
   } else {
@@ -198,7 +243,7 @@ function deleteSession(s) {
   s.deleted = true;
   const headers = s.token ? { Authorization: `Bearer ${s.token}` } : {};
   // keepalive lets the DELETE finish while the page unloads; 404 (already gone) is fine.
-  fetch(s.url, { method: "DELETE", headers, keepalive: true }).catch(() => {});
+  s.deleting = fetch(s.url, { method: "DELETE", headers, keepalive: true }).catch(() => {});
 }
 
 // ---------------------------------------------------------------- server messages
@@ -209,6 +254,15 @@ function onServerMessage(s, msg) {
     case "ready":
       if (info) Object.assign(info, { width: msg.width, height: msg.height, fps: msg.fps });
       showModel(msg.model, msg.weights || (info && info.weights));
+      showParent(msg.parent, s.id);
+      break;
+    case "rewound":
+      // POST …/restore took: on this same connection, the frames from here on go on from the snapshot.
+      hook.rewound = msg.parent || null;
+      showParent(msg.parent, s.id);
+      if (msg.parent) {
+        showMessage(`Rewound to chunk ${msg.parent.chunk_index}: the world goes on from the snapshot.`, false);
+      }
       break;
     case "chunk":
       onChunk(s, msg);

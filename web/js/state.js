@@ -15,6 +15,10 @@ export const hook = {
   model: null,
   lastSeq: {}, // message type → seq of the last one sent (a chunk's applied_seq ≥ it: applied)
   timeline: null, // the last GET …/timeline the HUD strip drew
+  saving: false, // a snapshot's POST is in flight (snapshots.js)
+  snapshots: [], // the strip's snapshots, oldest first: {snapshot_id, session_id, chunk_index, bytes}
+  parent: null, // the live session's parent {snapshot_id, session_id, chunk_index}: a branch, or rewound
+  rewound: null, // the parent of the last "rewound" message
   touchUi: false,
   stats: {
     framesDisplayed: 0,
@@ -39,6 +43,10 @@ export const app = {
   choice: null, // {scene: name} | {image: dataUrl, name}
   current: null, // the live connection: the driver's session (session.js) or a spectator's watch (spectator.js)
   lastBody: null, // the create body of the last session, for reconnects
+  lastLine: null, // the line the last create continued (a branch's), for reconnects
+  // A line is a session and every branch of it: a snapshot opens, and a branch is created, only with
+  // the bearer of a session of its own line. Line (the first session's id) → its newest session's token.
+  lineTokens: new Map(),
   // A server bound beyond loopback wants an API token on its REST routes. It comes from the form or
   // from the page address (#token=…), and lives in sessionStorage (see readApiToken in api.js).
   apiToken: "",

@@ -64,6 +64,8 @@ export function updateControls() {
   const busy = hook.state === "connecting" || hook.state === "streaming";
   el.startBtn.disabled = busy || !app.modelInfo || !app.choice;
   el.stopBtn.disabled = !busy;
+  // A snapshot is taken at the next chunk boundary: only a session that streams has one coming.
+  el.saveBtn.disabled = hook.state !== "streaming" || hook.saving;
   el.downloadVideoBtn.disabled = !app.recorded;
   el.downloadRecordingBtn.disabled = !app.recorded;
 }

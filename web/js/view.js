@@ -1,5 +1,5 @@
 // Which of the page's two views shows. The driver's is index.html as written: the start form, the
-// keys and their help, the share control and the downloads. A spectator's (the page opened with a
+// keys and their help, the share control, the snapshots and the downloads. A spectator's (the page opened with a
 // spectator link) keeps the video, the HUD rows that mean something to someone who does not steer,
 // a label that says so, and Leave. Nothing a spectator cannot use stays on screen: its keys are
 // never wired (main.js), and the driver's routes (recording, video, timeline) want the driver's token.
@@ -11,7 +11,8 @@ export function showSpectatorView() {
   hook.role = "spectator";
   document.body.dataset.role = "spectator";
   document.title = "worldrtc \u00b7 watching";
-  const driverOnly = [el.form, el.help, el.share, el.touchControls, el.lookBtn, el.hudStrip, ...el.hudDriverRows];
+  const driverOnly = [el.form, el.help, el.share, el.snapshots, el.touchControls, el.lookBtn, el.hudStrip,
+    ...el.hudDriverRows];
   for (const node of driverOnly) node.hidden = true;
   el.watchPanel.hidden = false;
   el.watchBadge.hidden = false;
