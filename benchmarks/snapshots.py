@@ -131,9 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"snapshots of {model} on {placement}:")
     for s in report["saves"]:
         print(f"  chunk {s['chunk_index']:>3}: {s['bytes'] / mib:.1f} MiB, saved in {s['post_s']:.2f} s")
-    print(
-        f"  stall while saving: {report['stall_while_saving_chunks']:.2f} chunks ({report['repeats_while_saving']} repeated frames)"
-    )
+    stall, repeats = report["stall_while_saving_chunks"], report["repeats_while_saving"]
+    print(f"  stall while saving: {stall:.2f} chunks ({repeats} repeated frames)")
     print(f"  repeated frames after the first chunk, whole run: {report['repeats_after_first_chunk']}")
     firsts = ", ".join(f"{s:.2f}" for s in report["branch_first_frame_s"])
     print(f"  branch -> first frame: {firsts} s; branches' repeats {report['branch_repeats']}")

@@ -86,9 +86,7 @@ class _Capture(pickle.Pickler):
 
 
 class _Restore(pickle.Unpickler):
-    def __init__(
-        self, file: io.BytesIO, part: StatePart, shared: Mapping[str, object], device: torch.device
-    ) -> None:
+    def __init__(self, file: io.BytesIO, part: StatePart, shared: Mapping[str, object], device: torch.device) -> None:
         super().__init__(file)
         self.part, self.shared, self.device = part, shared, device
         self.made: dict[int, torch.Tensor] = {}

@@ -113,9 +113,8 @@ async def test_branch_and_rewind_regenerate_the_same_frames(server_url: str) -> 
             await driver.restore(saved["snapshot_id"])
         assert late.value.status == 410
         # A branch takes what the snapshot fixes, nothing else.
-        mixed = await http.post(
-            "/v1/sessions", json={"snapshot": saved["snapshot_id"], "seed": 3}, headers={"authorization": f"Bearer {token}"}
-        )
+        bearer = {"authorization": f"Bearer {token}"}
+        mixed = await http.post("/v1/sessions", json={"snapshot": saved["snapshot_id"], "seed": 3}, headers=bearer)
         assert mixed.status_code == 400 and "seed" in mixed.json()["message"]
         await http.delete(f"/v1/sessions/{other['session_id']}", headers={"authorization": f"Bearer {other['token']}"})
     finally:

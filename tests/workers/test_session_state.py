@@ -8,7 +8,7 @@ import torch
 
 from workers.controls import ChunkControl
 from workers.serial_engine import SerialEngine, SerialSession
-from workers.session_state import StatePart, StateCaptureError, capture
+from workers.session_state import StateCaptureError, StatePart, capture
 
 IMAGE = (np.random.default_rng(1).random((128, 128, 3)) * 255).astype(np.uint8)
 WALK = [["w"], ["w", "d"], ["a"], ["s"], ["w"], ["l"], ["r"], []]

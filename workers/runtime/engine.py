@@ -16,8 +16,9 @@ LOOP_TICK_S.
 fails fatally or hangs past its command deadline fails every session, is killed and restarted at
 once, and the engine warms up again; `healthy` is False until then, and sessions opened meanwhile
 end with an error. A stage that dies takes its parts of every snapshot with it, so every snapshot is
-lost then (workers/runtime/snapshot_catalog.py). If a restart fails the engine is broken for good: `fatal_error` says why and
-`on_fatal` is called (the server exits non-zero, so whatever supervises it can start it afresh).
+lost then (workers/runtime/snapshot_catalog.py). If a restart fails the engine is broken for good:
+`fatal_error` says why and `on_fatal` is called (the server exits non-zero, so whatever supervises
+it can start it afresh).
 """
 
 from __future__ import annotations
@@ -509,8 +510,10 @@ class PipelineEngine:
     def _move(self, moves: list[Move]) -> None:
         """Carry out the catalog's decisions on every live worker (scheduler thread)."""
         for move in moves:
-            cmd = DropSnapshot(move.snapshot_id) if move.directory is None else SpillSnapshot(
-                move.snapshot_id, str(move.directory)
+            cmd = (
+                DropSnapshot(move.snapshot_id)
+                if move.directory is None
+                else SpillSnapshot(move.snapshot_id, str(move.directory))
             )
             for p in self.supervisor.stages.values():
                 if p.alive:

@@ -329,7 +329,9 @@ class Scheduler:
         self.sessions[spec.id] = Session(spec)
         c, snap = spec.chunk_latent_frames, spec.snapshot
         if snap is None:
-            self.lanes[Stage.ENCODE].queued.append(OpenSession(spec.id, spec.epoch, c, spec.seed, spec.image, spec.prompt))
+            self.lanes[Stage.ENCODE].queued.append(
+                OpenSession(spec.id, spec.epoch, c, spec.seed, spec.image, spec.prompt)
+            )
         else:
             self.lanes[Stage.ENCODE].queued.append(OpenSession(spec.id, spec.epoch, c, spec.seed, snapshot=snap))
         self.lanes[Stage.DECODE].queued.append(OpenSession(spec.id, spec.epoch, c, spec.seed, snapshot=snap))
@@ -343,7 +345,9 @@ class Scheduler:
             error = f"the session is {state}: only a running session can be saved"
             self._out.append(SnapshotDone(snapshot_id, None if session is None else session.spec, 0, {}, error))
         elif session.snapshot is not None:
-            self._out.append(SnapshotDone(snapshot_id, session.spec, 0, {}, "a snapshot of this session is being taken"))
+            self._out.append(
+                SnapshotDone(snapshot_id, session.spec, 0, {}, "a snapshot of this session is being taken")
+            )
         else:
             session.snapshot = PendingSnapshot(snapshot_id, session.next_encode)
         return self._flush()
@@ -576,7 +580,12 @@ class Scheduler:
                 session.ledger.track(reply.context)
             self.lanes[Stage.DIT].queued.append(
                 OpenSession(
-                    spec.id, spec.epoch, spec.chunk_latent_frames, spec.seed, context=reply.context, snapshot=spec.snapshot
+                    spec.id,
+                    spec.epoch,
+                    spec.chunk_latent_frames,
+                    spec.seed,
+                    context=reply.context,
+                    snapshot=spec.snapshot,
                 )
             )
         if session.opened == set(STAGES) and session.state is SessionState.OPENING:

@@ -155,5 +155,7 @@ class SnapshotCatalog:
             self._gone.popitem(last=False)
 
 
-def new_entry(snapshot_id: str, session_id: str, chunk_index: int, chunk_latent_frames: int, nbytes: int) -> SnapshotEntry:
+def new_entry(
+    snapshot_id: str, session_id: str, chunk_index: int, chunk_latent_frames: int, nbytes: int
+) -> SnapshotEntry:
     return SnapshotEntry(snapshot_id, session_id, chunk_index, chunk_latent_frames, nbytes, time.time())

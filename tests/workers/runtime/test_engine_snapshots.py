@@ -105,7 +105,8 @@ def test_snapshot_taken_while_another_session_runs(engine: PipelineEngine) -> No
     entry, original = run_with_snapshot(engine, 2, extra=2)
     chunks, error = other.collect()
     assert error is None and len(chunks) == 8
-    assert all(np.array_equal(x, y) for x, y in zip(branch(engine, entry, 2), original[entry.chunk_index :], strict=True))
+    after = original[entry.chunk_index :]
+    assert all(np.array_equal(x, y) for x, y in zip(branch(engine, entry, 2), after, strict=True))
     engine.drop_snapshot(entry.snapshot_id)
     assert_idle(engine)
 
