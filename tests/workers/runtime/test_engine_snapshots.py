@@ -100,6 +100,8 @@ def test_branch_reproduces_the_original_bit_exact(engine: PipelineEngine, hold_f
 
 
 def test_snapshot_taken_while_another_session_runs(engine: PipelineEngine) -> None:
+    if engine.preset.name != "gridworld":
+        pytest.skip("one model shows it; the bit-exact branch runs on both")
     other = Collector()
     engine.open_session(IMAGE, PROMPT, 9, control_source(), other.on_chunk, other.on_end, max_chunks=8)
     entry, original = run_with_snapshot(engine, 2, extra=2)
@@ -112,6 +114,8 @@ def test_snapshot_taken_while_another_session_runs(engine: PipelineEngine) -> No
 
 
 def test_snapshot_of_an_ended_session_says_why(engine: PipelineEngine) -> None:
+    if engine.preset.name != "tiny":
+        pytest.skip("one model shows it")
     c = Collector()
     sid = engine.open_session(IMAGE, PROMPT, 1, control_source(), c.on_chunk, c.on_end, max_chunks=1)
     c.collect()
