@@ -5,6 +5,10 @@ session's line may use its snapshots."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,17 +46,11 @@ async def digests(client: Session, upto: int) -> dict[int, str]:
     for _ in range(int(WAIT_S / 0.5)):
         if await have():
             return found
-        await _sleep(0.5)
+        await asyncio.sleep(0.5)
     raise AssertionError(f"chunks below {upto} never all recorded: {sorted(found)}")
 
 
-async def _sleep(s: float) -> None:
-    import asyncio
-
-    await asyncio.sleep(s)
-
-
-async def test_branch_and_rewind_regenerate_the_same_frames(server_url: str) -> None:
+async def test_branch_and_rewind_regenerate_the_same_frames(server_url: str, tmp_path: Path) -> None:
     driver = Session(server_url)
     branch: Session | None = None
     http = httpx.AsyncClient(base_url=server_url, timeout=30)
@@ -80,6 +78,22 @@ async def test_branch_and_rewind_regenerate_the_same_frames(server_url: str) -> 
         # The branch's recording holds the line: the chunks before the snapshot as the original recorded them.
         assert [got[i] for i in range(b + 3)] == [original[i] for i in range(b + 3)]
         assert min(c["index"] for c in branch.run.chunks) == b
+        # The branch's recording regenerates headless, from chunk 0 through the snapshot and on.
+        path = tmp_path / "branch.json"
+        path.write_text(json.dumps(await branch.recording()))
+        cmd = [
+            sys.executable,
+            "-m",
+            "benchmarks.replay",
+            "--recording",
+            str(path),
+            "--quiet",
+            "--out",
+            str(tmp_path / "r"),
+        ]
+        done = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "every chunk's digest equal" in done.stdout, done.stdout
 
         # Rewind the original in place: the same chunks again, on the same connection.
         seen = len(driver.run.chunks)
@@ -128,3 +142,9 @@ async def test_branch_and_rewind_regenerate_the_same_frames(server_url: str) -> 
         return engine["sessions"] == {} and engine["outstanding_slots"] == 0 and engine["counters"]["leaked_slots"] == 0
 
     await wait_until_async(settled, 30, "every engine session closed, no slot held")
+
+    # The branch's recording regenerates headless, from chunk 0 through the snapshot and on.
+    cmd = [sys.executable, "-m", "benchmarks.replay", "--recording", str(path), "--quiet"]
+    done = subprocess.run([*cmd, "--out", str(tmp_path / "replay.json")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "every chunk's digest equal" in done.stdout, done.stdout

@@ -29,8 +29,10 @@ from workers.runtime.messages import (
     Reply,
     SessionClosed,
     SessionOpened,
+    SnapshotTaken,
     Stage,
     StageFailed,
+    TakeSnapshot,
 )
 from workers.runtime.records import ChunkOutput
 from workers.runtime.scheduler import (
@@ -44,6 +46,7 @@ from workers.runtime.scheduler import (
     Scheduler,
     Send,
     SessionSpec,
+    SnapshotDone,
     StageLost,
 )
 
@@ -73,6 +76,7 @@ class FakeWorkers:
     handed_out: dict[SlotKey, Stage] = field(default_factory=dict)
     released: list[tuple[Stage, Ack]] = field(default_factory=list)
     lost: list[StageLost] = field(default_factory=list)
+    snapshots: list[SnapshotDone] = field(default_factory=list)
     now: float = 0.0
 
     def run(self, effects: list[Effect]) -> None:
@@ -93,6 +97,8 @@ class FakeWorkers:
             elif isinstance(e, StageLost):
                 self.computing.pop(e.stage, None)  # the engine kills its workers
                 self.lost.append(e)
+            elif isinstance(e, SnapshotDone):
+                self.snapshots.append(e)
             else:
                 assert isinstance(e, Ended)
                 e.session.on_end(e.session.id, e.error)
@@ -115,11 +121,13 @@ class FakeWorkers:
         """The worker's normal answer to what it is computing."""
         cmd = self.computing[stage]
         if isinstance(cmd, OpenSession):
-            context = self.slot(stage) if stage is Stage.ENCODE else None
+            context = self.slot(stage) if stage is Stage.ENCODE and cmd.snapshot is None else None
             acks = (Ack(cmd.context),) if isinstance(cmd.context, SlotRef) else ()
             self.reply(stage, SessionOpened(stage, 0, cmd.session_id, cmd.epoch, context=context, acks=acks))
         elif isinstance(cmd, CloseSession):
             self.reply(stage, SessionClosed(stage, 0, cmd.session_id))
+        elif isinstance(cmd, TakeSnapshot):
+            self.reply(stage, SnapshotTaken(stage, 0, cmd.session_id, cmd.epoch, cmd.snapshot_id, 100))
         elif isinstance(cmd, EncodeChunk):
             self.reply(stage, ChunkDone(stage, 0, cmd.session_id, cmd.epoch, cmd.chunk_index, 0.1, self.slot(stage)))
         elif isinstance(cmd, DenoiseChunk):
@@ -150,7 +158,9 @@ class FakeWorkers:
         raise AssertionError("the pipeline did not settle")
 
 
-def open_session(fw: FakeWorkers, viewer: Viewer, max_chunks: int | None = None) -> SessionSpec:
+def open_session(
+    fw: FakeWorkers, viewer: Viewer, max_chunks: int | None = None, snapshot: str | None = None, first_chunk: int = 0
+) -> SessionSpec:
     spec = SessionSpec(
         id=f"s{next(_ids)}",
         epoch=fw.sched.next_epoch(),
@@ -162,6 +172,8 @@ def open_session(fw: FakeWorkers, viewer: Viewer, max_chunks: int | None = None)
         on_chunk=viewer.parts.append,
         on_end=lambda sid, error: viewer.ended.append(error),
         max_chunks=max_chunks,
+        snapshot=snapshot,
+        first_chunk=first_chunk,
     )
     fw.run(fw.sched.open(spec))
     return spec
