@@ -89,7 +89,7 @@ class AppState:
         self.settings = settings
         self.preset, synthetic = resolve_model(settings.model, settings.stage_ms, settings.synthetic_geometry)
         placement = get_placement(settings.placement)
-        self.snapshot_plan_bytes = 0  # one snapshot, as the memory plan counts it (the synthetic model's are tiny)
+        self.snapshot_plan_bytes = 0  # the smallest snapshot, as the memory plan counts it (the synthetic model's are tiny)
         if synthetic is None:
             # The same plan as `python -m workers.models plan`: a placement that cannot hold the model
             # and max_sessions fails now, naming the device, the shortfall and what would fit.
@@ -97,7 +97,9 @@ class AppState:
             plan = check_fits(self.preset, placement, settings.max_sessions, capacity, settings.kernels)
             for device in plan.devices:
                 log.info("memory plan: %s", device.summary())
-            self.snapshot_plan_bytes = plan.snapshot_bytes
+            # The smallest a snapshot gets (after the condition encoder's fixed point): over the budget,
+            # none can fit and it is refused before any copy; a larger early one is refused once measured.
+            self.snapshot_plan_bytes = plan.snapshot_steady_bytes
         # Constructing the engine validates the placement against the model: a bad one fails now.
         self.engine = PipelineEngine(
             self.preset,

@@ -8,5 +8,6 @@ from benchmarks.reliability import (
     cases_load,  # noqa: F401
     cases_recording,  # noqa: F401
     cases_security,  # noqa: F401
+    cases_snapshots,  # noqa: F401
     cases_spectators,  # noqa: F401
 )

@@ -107,8 +107,10 @@ class MemoryPlan:
     kernels: KernelConfig
     devices: tuple[DevicePlan, ...]
     # One snapshot (workers/session_state.py): a copy of one session's state on every worker, in
-    # host memory. The largest it gets: before the condition stream's fixed point, with its caches.
+    # host memory. The largest it gets: before the condition stream's fixed point, with its caches;
+    # and once the encoder has reached it (a few chunks in), without them.
     snapshot_bytes: int = 0
+    snapshot_steady_bytes: int = 0
 
     @property
     def fits(self) -> bool:
@@ -129,9 +131,9 @@ class MemoryPlan:
                 out.append(f"  {w.name}{rank}: {_gib(w.total_bytes)}")
                 out += [f"    {line.what:<58} {_gib(line.nbytes):>11}" for line in w.lines]
             out += [f"  {line.what:<60} {_gib(line.nbytes):>11}" for line in d.extra]
-        snap = self.snapshot_bytes
-        size = _gib(snap) if snap >= GIB else f"{snap / MIB:.1f} MiB"
-        out.append(f"\none snapshot (host memory, every worker's part of one session's state): {size}")
+        first, steady = _size(self.snapshot_bytes), _size(self.snapshot_steady_bytes)
+        out.append(f"\none snapshot (host memory, every worker's part of one session's state): {first}")
+        out.append(f"  ({steady} once the condition encoder has reached its fixed point)")
         out.append("\n" + ("the placement fits" if self.fits else "the placement does NOT fit"))
         return "\n".join(out)
 
@@ -146,6 +148,10 @@ class MemoryPlan:
 
 def _gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB"
+
+
+def _size(n: int) -> str:
+    return _gib(n) if n >= GIB else f"{n / MIB:.1f} MiB"
 
 
 def _label(device: str) -> str:
@@ -259,7 +265,8 @@ def plan_memory(
     for device in dict.fromkeys(w.device for w in workers):
         mine = tuple(w for w in workers if w.device == device)
         devices.append(DevicePlan(device, mine, _extra(device, mine, placement), capacity(device)))
-    return MemoryPlan(preset.name, placement.name, n, kernels, tuple(devices), snapshot)
+    steady = snapshot - 2 * enc.session_bytes  # the encoder's caches and their copy go at the fixed point
+    return MemoryPlan(preset.name, placement.name, n, kernels, tuple(devices), snapshot, steady)
 
 
 def _runtime(stage: Stage, device: str) -> tuple[Line, ...]:
