@@ -89,7 +89,7 @@ class AppState:
         self.settings = settings
         self.preset, synthetic = resolve_model(settings.model, settings.stage_ms, settings.synthetic_geometry)
         placement = get_placement(settings.placement)
-        self.snapshot_plan_bytes = 0  # the smallest snapshot, as the memory plan counts it (the synthetic model's are tiny)
+        self.snapshot_plan_bytes = 0  # the smallest snapshot as the memory plan counts it (synthetic: tiny)
         if synthetic is None:
             # The same plan as `python -m workers.models plan`: a placement that cannot hold the model
             # and max_sessions fails now, naming the device, the shortfall and what would fit.

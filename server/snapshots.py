@@ -143,7 +143,8 @@ async def take_snapshot(state: "AppState", session: ServerSession) -> ServerSnap
         raise NotFound("this server keeps no snapshots (WORLDRTC_SNAPSHOT_BUDGET_GIB=0)")
     if state.snapshot_plan_bytes > budget:
         raise InsufficientStorage(
-            f"a {state.preset.name} snapshot needs at least {state.snapshot_plan_bytes / 2**30:.2f} GiB (the memory plan), "
+            f"a {state.preset.name} snapshot needs at least {state.snapshot_plan_bytes / 2**30:.2f} GiB "
+            "(the memory plan), "
             f"over the {state.settings.snapshot_budget_gib:g} GiB budget (WORLDRTC_SNAPSHOT_BUDGET_GIB)"
         )
     entry = await session.snapshot(SNAPSHOT_WAIT_S)
