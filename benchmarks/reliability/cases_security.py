@@ -33,6 +33,9 @@ PUBLIC = "public"  # health, readiness, the browser client's files
 API = "api"  # the server's API token
 SESSION = "session"  # the API token, or the session's own token
 WATCH = "watch"  # the API token, or the session's watch token (never its driver token)
+# The API token, or a token of the snapshot's line. For the unknown snapshot these rows ask about,
+# any session's token gets 404 (row 30 checks ownership on real snapshots: another line's is 403).
+LINE = "line"
 ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/healthz"): PUBLIC,
     ("GET", "/readyz"): PUBLIC,
@@ -61,6 +64,10 @@ ROUTES: dict[tuple[str, str], str] = {
     ("PATCH", "/v1/sessions/{session_id}/watch/{spectator_id}"): WATCH,
     ("POST", "/v1/sessions/{session_id}/watch-token"): SESSION,
     ("DELETE", "/v1/sessions/{session_id}/watch-token"): SESSION,
+    ("POST", "/v1/sessions/{session_id}/snapshots"): SESSION,
+    ("POST", "/v1/sessions/{session_id}/restore"): SESSION,
+    ("GET", "/v1/snapshots/{snapshot_id}"): LINE,
+    ("DELETE", "/v1/snapshots/{snapshot_id}"): LINE,
 }
 CREDENTIALS = ("none", "wrong", "api", "own", "watch", "other", "query")
 
@@ -89,6 +96,7 @@ def _routes_of(settings: Settings) -> set[tuple[str, str]]:
 
 def _concrete(path: str, sid: str) -> str:
     path = path.replace("{session_id}", sid).replace("{spectator_id}", "0123456789abcdef")
+    path = path.replace("{snapshot_id}", "0123456789abcdef")
     return path.replace("{name}", "main-street").replace("/static", "/static/js/main.js")
 
 
@@ -99,6 +107,8 @@ def _body(method: str, path: str) -> dict[str, Any]:
         return {"content": b"v=0\r\n", "headers": {"content-type": "application/sdp"}}
     if path == "/v1/sessions" and method == "POST":
         return {"json": {}}
+    if path.endswith("/restore"):
+        return {"json": {"snapshot": "0123456789abcdef"}}
     return {}
 
 
@@ -144,6 +154,7 @@ def auth_matrix(lab: Lab, r: CaseResult) -> None:
                 or cred_name == "api"
                 or (who == SESSION and cred_name == "own")
                 or (who == WATCH and cred_name == "watch")
+                or (who == LINE and cred_name in ("own", "other"))
             )
             if (resp.status_code not in (401, 403)) != should_pass:
                 wrong.append(f"{method} {path} with {cred_name}: {resp.status_code}")
@@ -188,8 +199,9 @@ def route_inventory(lab: Lab, r: CaseResult) -> None:
     opened = sorted(x.split(":")[0] for x in open_routes)
     no_token = _routes_of(Settings(model="synthetic", stage_ms="20,150,100", synthetic_geometry="gridworld"))
     docs = sorted(f"{m} {p}" for m, p in no_token - served)
-    # The only writes are to sessions: nothing configures, reloads or stops the server over HTTP.
-    admin = sorted(f"{m} {p}" for m, p in served if m != "GET" and not p.startswith(("/v1/sessions", "/v1/whep")))
+    # The only writes are to sessions and their snapshots: nothing configures, reloads or stops the server over HTTP.
+    viewers = ("/v1/sessions", "/v1/whep", "/v1/snapshots")
+    admin = sorted(f"{m} {p}" for m, p in served if m != "GET" and not p.startswith(viewers))
     r.figures = {"served": sorted(f"{m} {p}" for m, p in served), "open_without_token": open_routes}
     r.checks = [
         equal("routes not in the table", undocumented, []),
