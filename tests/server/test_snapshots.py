@@ -51,6 +51,8 @@ async def digests(client: Session, upto: int) -> dict[int, str]:
 
 
 async def test_branch_and_rewind_regenerate_the_same_frames(server_url: str, tmp_path: Path) -> None:
+    # Traced before any session: seconds of CPU that would starve this process's peers of their RTCP.
+    planned = plan_memory(get_preset("gridworld"), PLACEMENTS["cpu"], 1, machine_capacity()).snapshot_bytes
     driver = Session(server_url)
     branch: Session | None = None
     http = httpx.AsyncClient(base_url=server_url, timeout=30)
@@ -61,8 +63,7 @@ async def test_branch_and_rewind_regenerate_the_same_frames(server_url: str, tmp
         saved = await driver.save()
         b = saved["chunk_index"]
         assert b >= 2 and saved["where"] == "memory" and saved["parent"] is None
-        # The bytes the memory plan gives one snapshot, within 10 %.
-        planned = plan_memory(get_preset("gridworld"), PLACEMENTS["cpu"], 1, machine_capacity()).snapshot_bytes
+        # The bytes the memory plan gives one snapshot, within 10 % (the first chunks: the encoder's caches in it).
         assert abs(saved["bytes"] - planned) <= 0.1 * planned, (saved["bytes"], planned)
         original = await digests(driver, b + 3)
         assert driver.info is not None
@@ -78,22 +79,12 @@ async def test_branch_and_rewind_regenerate_the_same_frames(server_url: str, tmp
         # The branch's recording holds the line: the chunks before the snapshot as the original recorded them.
         assert [got[i] for i in range(b + 3)] == [original[i] for i in range(b + 3)]
         assert min(c["index"] for c in branch.run.chunks) == b
-        # The branch's recording regenerates headless, from chunk 0 through the snapshot and on.
-        path = tmp_path / "branch.json"
+        path = tmp_path / "branch.json"  # regenerated below, once the sessions are over
         path.write_text(json.dumps(await branch.recording()))
-        cmd = [
-            sys.executable,
-            "-m",
-            "benchmarks.replay",
-            "--recording",
-            str(path),
-            "--quiet",
-            "--out",
-            str(tmp_path / "r"),
-        ]
-        done = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert "every chunk's digest equal" in done.stdout, done.stdout
+        # The same on WHEP: POST /v1/whep?snapshot=ID with a token of the line.
+        async with Session(server_url, whep=True, snapshot=saved["snapshot_id"], token=token) as whep:
+            await wait_until_async(lambda: whep.run.chunks, WAIT_S, "a chunk for the WHEP branch")
+            assert whep.run.chunks[0]["index"] == b
 
         # Rewind the original in place: the same chunks again, on the same connection.
         seen = len(driver.run.chunks)
