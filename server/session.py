@@ -132,16 +132,10 @@ class ServerSession:
         self.id = secrets.token_hex(8)
         self.token = secrets.token_urlsafe(24)
         self.engine, self.preset, self.settings, self.metrics = engine, preset, settings, metrics
-        if branch_of is not None:  # the line's start: image, prompt, seed, frame rate, chunk size
+        if branch_of is not None:  # a branch goes on with its line's start image, prompt, seed, rate, chunk size
             o = branch_of.origin
-            image, prompt, seed, scene, fps, chunk_latent_frames = (
-                o.image,
-                o.prompt,
-                o.seed,
-                o.scene,
-                o.fps,
-                o.chunk_latent_frames,
-            )
+            image, prompt, seed, scene = o.image, o.prompt, o.seed, o.scene
+            fps, chunk_latent_frames = o.fps, o.chunk_latent_frames
         self.image, self.prompt, self.seed, self.scene = image, prompt, seed, scene
         # The client may ask for less time than the server allows, never more.
         limits = [t for t in (max_duration_s, settings.session_limit_s) if t]
