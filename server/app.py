@@ -121,7 +121,7 @@ class AppState:
         self.metrics = Metrics()
         self.lag = LoopLagMonitor(self.metrics)
         self.sessions: dict[str, ServerSession] = {}
-        self.snapshot_book = SnapshotBook()
+        self.snapshot_book = SnapshotBook(lambda: {s.origin.line for s in self.sessions.values()})
         self.tasks: set[asyncio.Task[None]] = set()  # app-owned background tasks, cancelled at shutdown
         self.ready = False
         self.load_error: str | None = None

@@ -28,6 +28,7 @@ any copy (507 `snapshot_too_large`); asking for one that was evicted says so (41
 import asyncio
 import secrets
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -59,7 +60,8 @@ class SnapshotBook:
     """The server's side of its snapshots: their origin and line, which tokens hold each line, and
     the lines of the last TOMBSTONES_KEPT that are gone (their owners are told why: 410)."""
 
-    def __init__(self) -> None:
+    def __init__(self, listed_lines: Callable[[], set[str]]) -> None:
+        self.listed_lines = listed_lines  # the lines of the sessions the server still lists
         self.snapshots: dict[str, ServerSnapshot] = {}
         self.gone: OrderedDict[str, tuple[str, str]] = OrderedDict()  # id -> (line, why)
         self._line_tokens: dict[str, set[str]] = {}  # line -> tokens of its sessions
@@ -77,10 +79,10 @@ class SnapshotBook:
         self.gone[snapshot_id] = (gone.origin.line, why)
         while len(self.gone) > TOMBSTONES_KEPT:
             self.gone.popitem(last=False)
-        lines = {s.origin.line for s in self.snapshots.values()} | {line for line, _ in self.gone.values()}
-        for line in [line for line in self._line_tokens if line not in lines]:
-            # No snapshot of the line, kept or remembered, needs its tokens; its live sessions join
-            # again with their next one.
+        # A line's tokens go with its last session and its last snapshot, kept or remembered.
+        needed = self.listed_lines() | {s.origin.line for s in self.snapshots.values()}
+        needed |= {line for line, _ in self.gone.values()}
+        for line in [line for line in self._line_tokens if line not in needed]:
             del self._line_tokens[line]
 
     def owns(self, line: str, request: Request) -> bool:
