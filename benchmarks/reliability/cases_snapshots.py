@@ -1,11 +1,14 @@
 """Rows 27-30: snapshots (server/snapshots.py): the memory budget, a stage lost while one is taken,
 restoring one that is gone, and another session's token.
 
-27 snapshot budget        gridworld: a budget under one snapshot (refused by the memory plan), and one
-                          with room for two (a third evicts the least recently used)
-28 stage lost mid-save    SIGKILL the DiT while a snapshot is being taken
-29 gone snapshot restored an evicted and a deleted snapshot: restore in place, branch
-30 another line's token   a second session's token, no token, an unknown snapshot
+27 snapshot budget         gridworld: a budget under one snapshot (refused by the memory plan), and one
+                           with room for two (a third evicts the least recently used)
+28 stage lost mid-save     SIGKILL the DiT while a snapshot is being taken
+29 gone snapshot restored  an evicted and a deleted snapshot: restore in place, branch
+30 another line's token    a second session's token, no token, an unknown snapshot
+
+Rows 28-30 share one synthetic server (row 28 leaves it as it found it: the stage restarted, no
+session, no snapshot); row 27 starts two gridworld servers of its own.
 """
 
 from __future__ import annotations
@@ -40,22 +43,22 @@ from worldrtc import Session
 # A closed session stays listed (with a task that forgets it) for closed_session_keep_s: short here,
 # so that what is left after it is a leak.
 KEEP_S = 1.0
-SNAPSHOTS = ServerConfig().with_env(create_burst=1000, closed_session_keep_s=KEEP_S)
-# The synthetic model's stages keep one small integer per session: its snapshots are 15 bytes (a
-# 5-byte pickle from each of the 3 stages), and a 22-byte budget holds exactly one.
+# Rows 28-30 share a synthetic server. That model's stages keep one small integer per session: its
+# snapshots are 15 bytes (a 5-byte pickle from each of the 3 stages), and a 22-byte budget holds one.
 SYNTHETIC_SNAPSHOT_BYTES = 15
-ROOM_FOR_ONE = SNAPSHOTS.with_env(snapshot_budget_gib=22 / 2**30)
-# The gridworld model on the CPU: the memory plan gives a snapshot 33.2 MiB (the measured one is that
-# until the condition encoder reaches its fixed point, about chunk 10, and 17.9 MiB after).
+ROOM_FOR_ONE = ServerConfig().with_env(create_burst=1000, closed_session_keep_s=KEEP_S, snapshot_budget_gib=22 / 2**30)
+# The gridworld model on the CPU, by the memory plan: a snapshot is 33.2 MiB until the condition
+# encoder reaches its fixed point (about chunk 10), 17.9 MiB after. A budget under the smaller is
+# refused before any copy; one with room for two of the larger holds two early ones, not three.
 GRIDWORLD = ("--model", "gridworld")
-UNDER_ONE_GIB = 0.02  # under one snapshot: the plan refuses every one
-ROOM_FOR_TWO_GIB = 0.07  # two 33.2 MiB snapshots, not three
+UNDER_ONE_GIB = 0.015  # 15.4 MiB
+ROOM_FOR_TWO_GIB = 0.07  # 71.7 MiB
 UNDER_ONE = ServerConfig(GRIDWORLD).with_env(closed_session_keep_s=KEEP_S, snapshot_budget_gib=UNDER_ONE_GIB)
 ROOM_FOR_TWO = ServerConfig(GRIDWORLD).with_env(closed_session_keep_s=KEEP_S, snapshot_budget_gib=ROOM_FOR_TWO_GIB)
 
 FIRST_FRAME_TIMEOUT_S = 120.0
 STALL_BOUND_S = 1.0  # the longest wait for a new frame a streaming session may see
-DELIVERY_BOUND = 0.8  # new frames received / the target's, over a row's window (a loaded 2-core box)
+DELIVERY_BOUND = 0.8  # new frames received / the target's (row 27: / its own before), over a window
 REFUSED_BOUND_S = 0.5  # a refusal before any copy: a copy waits for the next chunk boundary (≥ 1 s)
 FAILED_BOUND_S = 2.0  # the stage's death to the answer and the session's end (row 8's bound)
 RECOVERY_TIMEOUT_S = 60.0
@@ -252,15 +255,16 @@ async def _room_for_two(server: ServerUnderTest) -> dict[str, Any]:
 @case(
     27,
     "snapshot budget",
-    f"gridworld on the CPU (a 33.2 MiB snapshot by the memory plan): a {UNDER_ONE_GIB:g} GiB budget, under one "
-    f"snapshot; a {ROOM_FOR_TWO_GIB:g} GiB budget, room for two: save, save, rewind to the first, save a third",
+    f"gridworld on the CPU (a snapshot 33.2 MiB, 17.9 after the first chunks): a {UNDER_ONE_GIB:g} GiB budget, "
+    f"under any one; a {ROOM_FOR_TWO_GIB:g} GiB budget, room for two: save, save, rewind to the first, save a third",
     f"under one: 507 `snapshot_too_large` naming the budget in ≤ {REFUSED_BOUND_S:g} s (before any copy), the "
-    f"session streams on (≥ {DELIVERY_BOUND} of target, no wait over {STALL_BOUND_S:g} s); room for two: the "
-    "least recently used (the second) evicted, 410 `snapshot_gone` `evicted`; the other two branch after their "
-    "session closed; peer connections, tasks, threads, workers, files back",
+    f"session streams on (its rate of new frames ≥ {DELIVERY_BOUND} of its rate before, no wait over "
+    f"{STALL_BOUND_S:g} s); room for two: the least recently used (the second) evicted, 410 `snapshot_gone` "
+    "`evicted`; the other two branch after their session closed; peer connections, tasks, threads, workers, "
+    "files back",
 )
 def snapshot_budget(lab: Lab, r: CaseResult) -> None:
-    window_s = lab.pick(2.0, 5.0)
+    window_s = lab.pick(3.0, 5.0)
     laps: dict[str, float] = {}
     mark = [time.perf_counter()]
 
@@ -305,7 +309,11 @@ def snapshot_budget(lab: Lab, r: CaseResult) -> None:
             answer["message"],
         ),
         at_most("  … answered after (before any copy)", small["answered_s"], REFUSED_BOUND_S, " s"),
-        at_least("  the session's new frames / target after it", after["unique_fps_over_target"], DELIVERY_BOUND),
+        at_least(
+            f"  the session's rate of new frames in the {window_s:g} s after it / before it",
+            after["unique_fps_over_target"] / max(small["before"]["unique_fps_over_target"], 1e-9),
+            DELIVERY_BOUND,
+        ),
         at_most("  … its longest wait for a new frame", after["max_wait_s"], STALL_BOUND_S, " s"),
         equal("  … its state, done", [small["state_after"], small["done"]], ["streaming", None]),
         *_indented(_leak_checks(small["base"], small["end"])),
@@ -362,65 +370,65 @@ def _ready(server: ServerUnderTest) -> int:
     "session streams and saves; no zombie, the lost worker's files gone, workers, tasks, files back",
 )
 def stage_lost_mid_save(lab: Lab, r: CaseResult) -> None:
-    with lab.own_server(SNAPSHOTS) as server:
+    server = lab.server(ROOM_FOR_ONE)  # left as found: the stage restarted, no session, no snapshot
 
-        async def run() -> dict[str, Any]:
-            loop = asyncio.get_running_loop()
-            base = await asyncio.to_thread(server.resources)
-            driver = await _streaming(server.url)
-            assert driver.info is not None
-            sid, token = driver.info["session_id"], driver.info["token"]
-            http = httpx.AsyncClient(base_url=server.url, timeout=90, headers=_bearer(token))
-            earlier = await driver.save()
-            pid = (await asyncio.to_thread(server.worker_pids))["dit"][0]
-            saving = asyncio.create_task(http.post(f"/v1/sessions/{sid}/snapshots"))
-            await asyncio.sleep(0.2)  # the request is in; the copy waits for the next chunk boundary
-            in_flight = not saving.done()
-            t_kill = time.perf_counter()
-            os.kill(pid, signal.SIGKILL)
-            resp = await saving
-            answered_s = time.perf_counter() - t_kill
-            while driver.run.done is None and time.perf_counter() - t_kill < 15:
-                await asyncio.sleep(POLL_S)
-            done = driver.run.done or {}
-            lost = _answer(await http.get(earlier["snapshot_url"]))
-            await driver.close()
-            ready = await loop.run_in_executor(None, wait_for, lambda: _ready(server) == 200, RECOVERY_TIMEOUT_S)
-            new_pid = (await asyncio.to_thread(server.worker_pids))["dit"][0]
-            fresh = await _streaming(server.url)
-            saved_again = None
-            try:
-                saved_again = await fresh.save()
-                own = _bearer((fresh.info or {}).get("token"))
-                again = [
-                    (await http.get(saved_again["snapshot_url"], headers=own)).status_code,
-                    (await http.delete(saved_again["snapshot_url"], headers=own)).status_code,
-                ]
-            finally:
-                await fresh.close()
-                await http.aclose()
-            settled, end = await _settled(server, base)
-            return {
-                "earlier": {k: earlier[k] for k in ("snapshot_id", "chunk_index", "bytes")},
-                "dit_pid": pid,
-                "in_flight_at_kill": in_flight,
-                "answer": _answer(resp),
-                "answered_s": answered_s,
-                "done": {"code": done.get("code"), "reason": done.get("reason")},
-                "done_s": None if not done else done["received_t"] - t_kill,
-                "earlier_after": lost,
-                "ready_again_s": ready,
-                "new_dit_pid": new_pid,
-                "saved_again": None if saved_again is None else saved_again["chunk_index"],
-                "get_delete_again": again,
-                "settled_s": settled,
-                "base": base,
-                "end": end,
-            }
+    async def run() -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        base = await asyncio.to_thread(server.resources)
+        driver = await _streaming(server.url)
+        assert driver.info is not None
+        sid, token = driver.info["session_id"], driver.info["token"]
+        http = httpx.AsyncClient(base_url=server.url, timeout=90, headers=_bearer(token))
+        earlier = await driver.save()
+        pid = (await asyncio.to_thread(server.worker_pids))["dit"][0]
+        saving = asyncio.create_task(http.post(f"/v1/sessions/{sid}/snapshots"))
+        await asyncio.sleep(0.2)  # the request is in; the copy waits for the next chunk boundary
+        in_flight = not saving.done()
+        t_kill = time.perf_counter()
+        os.kill(pid, signal.SIGKILL)
+        resp = await saving
+        answered_s = time.perf_counter() - t_kill
+        while driver.run.done is None and time.perf_counter() - t_kill < 15:
+            await asyncio.sleep(POLL_S)
+        done = driver.run.done or {}
+        lost = _answer(await http.get(earlier["snapshot_url"]))
+        await driver.close()
+        ready = await loop.run_in_executor(None, wait_for, lambda: _ready(server) == 200, RECOVERY_TIMEOUT_S)
+        new_pid = (await asyncio.to_thread(server.worker_pids))["dit"][0]
+        fresh = await _streaming(server.url)
+        saved_again, again = None, []
+        try:
+            saved_again = await fresh.save()
+            own = _bearer((fresh.info or {}).get("token"))
+            again = [
+                (await http.get(saved_again["snapshot_url"], headers=own)).status_code,
+                (await http.delete(saved_again["snapshot_url"], headers=own)).status_code,
+            ]
+        finally:
+            await fresh.close()
+            await http.aclose()
+        settled, end = await _settled(server, base)
+        return {
+            "earlier": {k: earlier[k] for k in ("snapshot_id", "chunk_index", "bytes")},
+            "dit_pid": pid,
+            "in_flight_at_kill": in_flight,
+            "answer": _answer(resp),
+            "answered_s": answered_s,
+            "done": {"code": done.get("code"), "reason": done.get("reason")},
+            "done_s": None if not done else done["received_t"] - t_kill,
+            "earlier_after": lost,
+            "ready_again_s": ready,
+            "new_dit_pid": new_pid,
+            "saved_again": None if saved_again is None else saved_again["chunk_index"],
+            "get_delete_again": again,
+            "settled_s": settled,
+            "base": base,
+            "end": end,
+        }
 
-        f = asyncio.run(run())
-        unhandled = server.unhandled()
-        old_files = leaked_segments(f["dit_pid"])
+    f = asyncio.run(run())
+    unhandled = server.unhandled()
+    old_files = leaked_segments(f["dit_pid"])
     base, end = f.pop("base"), f.pop("end")
     r.figures = f | _resources(base, end) | {"lost_worker_files": old_files}
     answer, earlier = f["answer"], f["earlier_after"]
@@ -428,7 +436,11 @@ def stage_lost_mid_save(lab: Lab, r: CaseResult) -> None:
     r.checks = [
         holds("the save was in flight at the kill", f["in_flight_at_kill"]),
         holds("the save's status (503 or 409)", answer["status"] in (503, 409), answer["status"]),
-        holds("  … a JSON error saying why", answer["json"] and bool(answer["error"]) and "ended" in why, why),
+        holds(
+            "  … a JSON error saying why",
+            answer["json"] and bool(answer["error"]) and any(w in why for w in ("ended", "failed", "over")),
+            why,
+        ),
         at_most("  … answered after the kill", f["answered_s"], FAILED_BOUND_S, " s"),
         equal("the session's done", f["done"]["code"], "generation_failed"),
         at_most("  … after the kill", f["done_s"], FAILED_BOUND_S, " s"),
