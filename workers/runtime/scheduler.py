@@ -338,9 +338,10 @@ class Scheduler:
         return self._flush()
 
     def snapshot(self, session_id: str, snapshot_id: str) -> list[Effect]:
-        """Save a running session's state at its next chunk boundary (SnapshotDone says when, or why not)."""
+        """Save a session's state at its next chunk boundary (SnapshotDone says when, or why not)."""
         session = self.sessions.get(session_id)
-        if session is None or session.state is not SessionState.RUNNING:
+        # An opening session is saved at its first chunk boundary, once it runs.
+        if session is None or session.state not in (SessionState.OPENING, SessionState.RUNNING):
             state = "over" if session is None else session.state.value
             error = f"the session is {state}: only a running session can be saved"
             self._out.append(SnapshotDone(snapshot_id, None if session is None else session.spec, 0, {}, error))

@@ -96,3 +96,14 @@ def test_a_session_opened_from_a_snapshot_starts_at_its_boundary() -> None:
     assert [p.index for p in viewer.parts if p.last] == [5, 6] and viewer.ended == [None]
     sent = [c.chunk_index for _, c in fw.sent if isinstance(c, CHUNK) and c.session_id == spec.id]
     assert sorted(sent) == [5, 5, 5, 6, 6, 6]
+
+
+def test_a_snapshot_asked_while_the_session_opens_is_taken_once_it_runs() -> None:
+    fw, viewer = make(), Viewer()
+    spec = open_session(fw, viewer, max_chunks=4, snapshot="earlier", first_chunk=3)
+    fw.run(fw.sched.snapshot(spec.id, "snap1"))  # nothing has opened yet
+    run_until(fw, lambda: fw.snapshots)
+    (done,) = fw.snapshots
+    assert done.error is None and done.chunk_index == 3  # the state it opened with
+    fw.drain()
+    assert viewer.ended == [None] and [p.index for p in viewer.parts if p.last] == [3, 4, 5, 6]
