@@ -296,6 +296,11 @@ class SnapshotInfo(BaseModel):
     created: float  # unix seconds
     where: Literal["memory", "disk"]
     parent: Parent | None = None  # the snapshot the session it was taken from started from
+    # What its frames depend on besides it (workers/determinism.py): a branch runs on the same.
+    model: str
+    weights: str  # workers/models/weights_digest.py
+    placement: str
+    intra_op_threads: int
     snapshot_url: str
 
 

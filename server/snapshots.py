@@ -44,7 +44,7 @@ from server.errors import (
 from server.protocol import RestoreRequest, SessionInfo, SnapshotInfo
 from server.session import ServerSession
 from server.snapshot import ServerSnapshot
-from workers.runtime.snapshot_catalog import TOMBSTONES_KEPT, SnapshotEntry, SnapshotGone
+from workers.runtime.snapshot_catalog import TOMBSTONES_KEPT, SnapshotGone
 
 if TYPE_CHECKING:
     from server.app import AppState
@@ -123,8 +123,10 @@ def authorize_snapshot(state: "AppState", snapshot_id: str, request: Request) ->
     raise NotFound(f"no snapshot {snapshot_id!r}")
 
 
-def snapshot_info(state: "AppState", snapshot: ServerSnapshot, entry: SnapshotEntry | None = None) -> dict[str, Any]:
-    entry = entry or state.engine.snapshots.get(snapshot.snapshot_id)
+def snapshot_info(state: "AppState", snapshot: ServerSnapshot) -> dict[str, Any]:
+    """A snapshot kept by this server's engine: the model, weights, placement and thread count it was
+    taken with are the server's (snapshots do not outlive its workers)."""
+    entry = state.engine.snapshots.get(snapshot.snapshot_id)
     return SnapshotInfo(
         snapshot_id=snapshot.snapshot_id,
         session_id=snapshot.session_id,
@@ -134,6 +136,10 @@ def snapshot_info(state: "AppState", snapshot: ServerSnapshot, entry: SnapshotEn
         created=snapshot.created,
         where=entry.where.value,
         parent=snapshot.parent,
+        model=state.preset.name,
+        weights=state.weights_digest,
+        placement=state.placement.name,
+        intra_op_threads=state.placement.cpu_threads_per_worker,
         snapshot_url=snapshot_url(state, snapshot.snapshot_id),
     ).model_dump()
 

@@ -63,6 +63,8 @@ async def test_branch_and_rewind_regenerate_the_same_frames(server_url: str, tmp
         saved = await driver.save()
         b = saved["chunk_index"]
         assert b >= 2 and saved["where"] == "memory" and saved["parent"] is None
+        assert saved["model"] == "gridworld" and saved["placement"] == "cpu" and saved["intra_op_threads"] == 1
+        assert saved["weights"].startswith("sha256:"), saved["weights"]  # the shipped gridworld weights
         # The bytes the memory plan gives one snapshot, within 10 % (the first chunks: the encoder's caches in it).
         assert abs(saved["bytes"] - planned) <= 0.1 * planned, (saved["bytes"], planned)
         original = await digests(driver, b + 3)
