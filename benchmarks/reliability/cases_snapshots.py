@@ -35,6 +35,7 @@ from benchmarks.reliability.harness import (
     case,
     equal,
     holds,
+    leak_checks,
     wait_for,
 )
 from workers.runtime.channel import leaked_segments
@@ -156,11 +157,9 @@ async def _settled(server: ServerUnderTest, base: Resources) -> tuple[float | No
 
 
 def _leak_checks(base: Resources, end: Resources) -> list[Check]:
+    """The spectator rows' checks, and the workers and shared-memory files a lost stage could leave."""
     return [
-        equal("peer connections over the count before", end.peer_connections - base.peer_connections, 0),
-        at_most("asyncio tasks over the count before", end.tasks - base.tasks, 0),
-        at_most("UDP sockets over the count before", end.udp_sockets - base.udp_sockets, 0),
-        at_most("threads over the count before", end.threads - base.threads, 0),
+        *leak_checks(base, end),
         equal("worker processes over the count before", end.children - base.children, 0),
         equal("zombies", end.zombies, 0),
         at_most("shared-memory files over the count before", end.segments - base.segments, 0),

@@ -20,7 +20,6 @@ from aiortc import RTCPeerConnection
 
 from benchmarks.reliability.harness import (
     CaseResult,
-    Check,
     Lab,
     PeerProcess,
     Resources,
@@ -31,6 +30,7 @@ from benchmarks.reliability.harness import (
     case,
     equal,
     holds,
+    leak_checks,
     percentile,
     wait_for,
 )
@@ -119,15 +119,6 @@ async def _settled(
 
     took = await asyncio.to_thread(wait_for, back, SETTLE_S, 0.2)
     return took, seen[-1]
-
-
-def _leak_checks(base: Resources, end: Resources) -> list[Check]:
-    return [
-        equal("peer connections over the count before", end.peer_connections - base.peer_connections, 0),
-        at_most("asyncio tasks over the count before", end.tasks - base.tasks, 0),
-        at_most("UDP sockets over the count before", end.udp_sockets - base.udp_sockets, 0),
-        at_most("threads over the count before", end.threads - base.threads, 0),
-    ]
 
 
 # ---------------------------------------------------------------- 24
@@ -277,7 +268,7 @@ def watch_abuse(lab: Lab, r: CaseResult) -> None:
         at_least("the driver's new frames / target", f["driver"]["unique_fps_over_target"], DELIVERY_BOUND),
         at_most("the driver's longest wait for a new frame", f["driver"]["max_wait_s"], STALL_BOUND_S, " s"),
         equal("peer connections with the driver alone", mid.peer_connections - base.peer_connections, 1),
-        *_leak_checks(base, end),
+        *leak_checks(base, end),
         equal("unhandled exceptions in the server log", len(unhandled), 0),
     ]
 
@@ -380,7 +371,7 @@ def spectator_sigkill(lab: Lab, r: CaseResult) -> None:
             )
         ),
         equal("the driver's session ended meanwhile", f["driver_done"], None),
-        *_leak_checks(base, end),
+        *leak_checks(base, end),
         equal("when the driver leaves: the other spectator's done", f["driver_left"]["done"], "driver_left"),
         equal("  … and its connection", f["driver_left"]["connection"], "closed"),
     ]
@@ -521,5 +512,5 @@ def spectators_at_once(lab: Lab, r: CaseResult) -> None:
         equal("the driver's session ended meanwhile", f["driver_done"], None),
         equal("spectator processes' exit status", f["exits"], [0] * CROWD_PROCESSES),
         equal("spectators watching after they left", f["after"][0], 0),
-        *_leak_checks(base, end),
+        *leak_checks(base, end),
     ]

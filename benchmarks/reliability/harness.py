@@ -158,6 +158,16 @@ class Resources:
         return {k: getattr(self, k) - getattr(base, k) for k in self.__dataclass_fields__}
 
 
+def leak_checks(base: Resources, end: Resources) -> list[Check]:
+    """The server's connections, tasks, sockets and threads back to where they were."""
+    return [
+        equal("peer connections over the count before", end.peer_connections - base.peer_connections, 0),
+        at_most("asyncio tasks over the count before", end.tasks - base.tasks, 0),
+        at_most("UDP sockets over the count before", end.udp_sockets - base.udp_sockets, 0),
+        at_most("threads over the count before", end.threads - base.threads, 0),
+    ]
+
+
 class ServerUnderTest:
     def __init__(self, process: ServerProcess, token: str | None = None) -> None:
         self.url, self.popen, self.log = process.url, process.proc, process.log
