@@ -15,7 +15,10 @@ evaluation seed (see workers/training/clips.py), none of them seen in training:
   (PSNR over sky and floor does not see blur; this does). The same figure for the renderer's
   frames blurred by a Gaussian of 0.5 px and 1 px is reported beside it as the scale: at 128×128
   with hard-edged tiles it is dominated by pixel-scale detail, so those slight blurs score only
-  about 0.45 and 0.06.
+  about 0.45 and 0.06. Structure per horizon is the edge F1 against the renderer at 1 px tolerance
+  (`benchmarks/image_metrics.py`): generated edges on the renderer's outlines and its outlines
+  drawn. Texture of the right energy in the wrong place meets the sharpness ratio but not this;
+  the same slight blurs keep it near 1 (the outlines stay where they are).
 - Geometry: where the view must change shape fast. Wall approach: starts facing a wall 3–4 m
   ahead, walking straight at it for 2.8 s (by 1–2 s it is 1–3 m away and twice as tall in view).
   Corner: starts facing a wall 1–3 m ahead with open street (≥ 5 m) 60° to one side, walking while
@@ -58,7 +61,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from benchmarks.image_metrics import gaussian_blur, laplacian_variance, psnr_db, ssim
+from benchmarks.image_metrics import edge_f1, gaussian_blur, laplacian_variance, psnr_db, ssim
 from benchmarks.stats import environment
 from workers.controls import ChunkControl
 from workers.models.camera import CameraState
@@ -271,6 +274,9 @@ def walking(
         "vae_sharp": [],
         "truth_sharp": [],
         **{f"blur_sharp_{sigma}": [] for sigma in REFERENCE_BLURS_PX},
+        "vae_edges": [],
+        "model_edges": [],
+        **{f"blur_edges_{sigma}": [] for sigma in REFERENCE_BLURS_PX},
     }
     per_walk, strip = [], None
     for i in range(walks):
@@ -283,9 +289,12 @@ def walking(
             "vae_ssim": ssim(recon, clip.frames),
             "vae_sharp": laplacian_variance(recon),
             "truth_sharp": laplacian_variance(clip.frames),
+            "vae_edges": edge_f1(recon, clip.frames),
         }
         for sigma in REFERENCE_BLURS_PX:
-            metrics[f"blur_sharp_{sigma}"] = laplacian_variance(gaussian_blur(clip.frames, sigma))
+            blurred = gaussian_blur(clip.frames, sigma)
+            metrics[f"blur_sharp_{sigma}"] = laplacian_variance(blurred)
+            metrics[f"blur_edges_{sigma}"] = edge_f1(blurred, clip.frames)
         walk = {
             "start": {"x": start.position[0], "z": start.position[2], "yaw_deg": start.yaw_deg},
             "keys": ["".join(sorted(c.keys)) or "-" for c in clip.controls],
@@ -296,6 +305,7 @@ def walking(
             shown = generate(engine, clip.frames[0], list(clip.controls), seed=i)
             metrics["model_psnr"], metrics["model_ssim"] = psnr_db(shown, clip.frames), ssim(shown, clip.frames)
             metrics["model_sharp"] = laplacian_variance(shown)
+            metrics["model_edges"] = edge_f1(shown, clip.frames)
             walk["model_psnr_db"] = _by_horizon(metrics["model_psnr"], fps)
             walk["drift_psnr_db_9_10s"] = _mean_over(metrics["model_psnr"], fps, *DRIFT_S)
         for k, v in metrics.items():
@@ -313,6 +323,7 @@ def walking(
             "psnr_db_mean": float(mean["vae_psnr"][1:].mean()),
             # How much of the detail the VAE alone keeps: the ceiling for the world model's sharpness.
             "sharpness_0_4s": _sharpness(mean["vae_sharp"], mean["truth_sharp"], fps, *SHARPNESS_S),
+            "edge_f1_0_4s": _mean_over(mean["vae_edges"], fps, *SHARPNESS_S),
         },
         # The same figure for the renderer's own frames under a slight Gaussian blur: the scale to
         # read the others on. The 3×3 Laplacian weighs the finest detail most, so a blur of half a
@@ -320,6 +331,9 @@ def walking(
         "sharpness_of_blurred_truth_0_4s": {
             f"{sigma}px": _sharpness(mean[f"blur_sharp_{sigma}"], mean["truth_sharp"], fps, *SHARPNESS_S)
             for sigma in REFERENCE_BLURS_PX
+        },
+        "edge_f1_of_blurred_truth_0_4s": {
+            f"{sigma}px": _mean_over(mean[f"blur_edges_{sigma}"], fps, *SHARPNESS_S) for sigma in REFERENCE_BLURS_PX
         },
     }
     if engine is not None:
@@ -333,6 +347,10 @@ def walking(
             "ssim": _by_horizon(mean["model_ssim"], fps),
             "drift_psnr_db_9_10s": _mean_over(mean["model_psnr"], fps, *DRIFT_S),
             "sharpness": sharp,
+            "edge_f1": {
+                **_by_horizon(mean["model_edges"], fps),
+                "0-4s": _mean_over(mean["model_edges"], fps, *SHARPNESS_S),
+            },
             "spread": spread(per_walk),
         }
     assert strip is not None
@@ -441,7 +459,11 @@ def main(argv: list[str] | None = None) -> int:
     world = World.generate(WORLD_SEED)
     spec = ClipSpec.for_preset(preset)
     walk, strip = walking(vae, engine, world, spec, preset.fps, args.walks, args.walk_chunks)
-    headline: dict[str, float | None] = {"vae_psnr_db": walk["vae"]["psnr_db_mean"]}
+    headline: dict[str, float | None] = {
+        "vae_psnr_db": walk["vae"]["psnr_db_mean"],
+        "vae_sharpness_0_4s": walk["vae"]["sharpness_0_4s"],
+        "vae_edge_f1_0_4s": walk["vae"]["edge_f1_0_4s"],
+    }
     control = shape = None
     if engine is not None:
         control = controllability(engine, world, spec, args.control_starts)
@@ -452,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
             "model_psnr_db_1_2s": walk["model"]["psnr_db"]["1-2s"],
             "drift_psnr_db_9_10s": walk["model"]["drift_psnr_db_9_10s"],
             "sharpness_0_4s": walk["model"]["sharpness"]["0-4s"],
+            "edge_f1_0_4s": walk["model"]["edge_f1"]["0-4s"],
             "geometry_ssim_1_2s_wall": shape["wall"]["ssim_1_2s"],
             "geometry_ssim_1_2s_corner": shape["corner"]["ssim_1_2s"],
             "controllability": control["accuracy"],
@@ -502,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key:>22}: {'n/a' if value is None else f'{value:.3f}'}{error}{mark}")
     scale = ", ".join(f"{k} {v:.3f}" for k, v in walk["sharpness_of_blurred_truth_0_4s"].items() if v is not None)
     print(f"{'sharpness scale':>22}: the renderer's frames blurred by a Gaussian of {scale}")
+    scale = ", ".join(f"{k} {v:.3f}" for k, v in walk["edge_f1_of_blurred_truth_0_4s"].items() if v is not None)
+    print(f"{'edge F1 scale':>22}: the renderer's frames blurred by a Gaussian of {scale}")
     if baseline is not None and "error" in baseline:
         print(f"--baseline {args.baseline}: {baseline['error']}; no paired differences", file=sys.stderr)
     elif baseline is not None:

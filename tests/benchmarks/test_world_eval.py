@@ -47,8 +47,12 @@ def test_world_eval_vae_only_measures_the_vae_alone(tmp_path: Path) -> None:
     out = tmp_path / "EVAL.json"
     assert main(["--out", str(out), "--walks", "1", "--walk-chunks", "2", "--vae-only"]) == 0
     report = json.loads(out.read_text())
-    assert report["vae_only"] and set(report["headline"]) == {"vae_psnr_db"} == set(report["targets_met"])
+    assert report["vae_only"] and set(report["headline"]) == {"vae_psnr_db", "vae_sharpness_0_4s", "vae_edge_f1_0_4s"}
+    assert set(report["targets_met"]) == {"vae_psnr_db"}
     assert 10.0 < report["headline"]["vae_psnr_db"] < 100.0
+    assert 0.0 < report["headline"]["vae_edge_f1_0_4s"] <= 1.0
+    # The scale: a slight blur of the renderer's own frames keeps its outlines.
+    assert report["walking"]["edge_f1_of_blurred_truth_0_4s"]["0.5px"] > 0.9
     assert "model" not in report["walking"] and report["controllability"] is None
     assert Image.open(report["strip_png"]).size[1] == 2 * 128  # reconstruction above ground truth
 
@@ -143,3 +147,27 @@ def test_walking_figures_carry_their_standard_error_and_a_paired_difference_from
     assert spread(short)["drift_psnr_db_9_10s"] is None  # a walk too short for the horizon
     with pytest.raises(ValueError, match="not a report of these walks"):
         versus_baseline(better, {"walking": {"walks": base[::-1], "model": {}}})
+
+
+def _town_like(seed: int, tile_px: int = 8) -> np.ndarray:
+    """Hard-edged tiles of random shades, as the renderer draws them: [2, 64, 64, 3] uint8."""
+    n = 64 // tile_px + 1
+    tiles = np.random.default_rng(seed).integers(40, 220, (2, n, n, 1), dtype=np.uint8)
+    return np.repeat(np.repeat(np.repeat(tiles, tile_px, axis=1), tile_px, axis=2), 3, axis=3)[:, :64, :64]
+
+
+def test_edge_f1_rewards_outlines_in_place() -> None:
+    from benchmarks.image_metrics import edge_f1
+
+    truth = _town_like(0)
+    assert (edge_f1(truth, truth) == 1).all()
+    # One pixel off is within the tolerance; three (diagonally) are not.
+    assert (edge_f1(np.roll(truth, (1, 1), axis=(1, 2)), truth) > 0.9).all()
+    assert (edge_f1(np.roll(truth, (3, 3), axis=(1, 2)), truth) < 0.5).all()
+    # A slight blur keeps the outlines where they are; a strong one loses them.
+    assert (edge_f1(gaussian_blur(truth, 1.0), truth) > 0.9).all()
+    assert (edge_f1(gaussian_blur(truth, 2.0), truth) < edge_f1(gaussian_blur(truth, 1.0), truth)).all()
+    # Detail of the same kind elsewhere (other tiles, other outlines) matches about half at best.
+    assert (edge_f1(_town_like(1, tile_px=11), truth) < 0.6).all()
+    flat = np.full_like(truth, 128)
+    assert (edge_f1(flat, truth) == 0).all() and (edge_f1(flat, flat) == 1).all()
