@@ -38,7 +38,6 @@ from server.errors import (
     Gone,
     InsufficientStorage,
     NotFound,
-    SessionClosed,
     Unauthorized,
 )
 from server.protocol import RestoreRequest, SessionInfo, SnapshotInfo
@@ -209,8 +208,6 @@ def snapshot_router(state: "AppState") -> APIRouter:
             await session.restore(snapshot)
         except SnapshotGone as gone:
             raise Gone(f"{gone}; take a new one") from None
-        except SessionClosed:
-            raise
         return session.info()
 
     return router

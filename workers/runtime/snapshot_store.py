@@ -34,15 +34,13 @@ class SnapshotPartMissing(KeyError):
 class _Held:
     part: StatePart | None = None  # None while a spilled part is on disk only
     path: Path | None = None  # the spilled files' stem
-    to_host: threading.Thread | None = None  # a device copy on its way to host memory
-    done: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)  # set once the part is in host memory
 
 
 class SnapshotStore:
     def __init__(self, name: str) -> None:
         self.name = name  # "dit0": this worker's files in a spilled snapshot's directory
         self._held: dict[str, _Held] = {}
-        self._lock = threading.Lock()
 
     def put(self, snapshot_id: str, part: StatePart) -> None:
         held = _Held(part)
@@ -59,13 +57,10 @@ class SnapshotStore:
             with torch.cuda.stream(side):
                 side.wait_event(ready)
                 assert held.part is not None
-                host = held.part.to_host()
-            with self._lock:
-                held.part = host  # the device copy goes with the last reference to it
-            held.done.set()
+                held.part = held.part.to_host()  # the device copy goes with the last reference to it
+            held.done.set()  # readers wait for this before touching `part`
 
-        held.to_host = threading.Thread(target=copy, name=f"snapshot-{snapshot_id}", daemon=True)
-        held.to_host.start()
+        threading.Thread(target=copy, name=f"snapshot-{snapshot_id}", daemon=True).start()
 
     def get(self, snapshot_id: str) -> StatePart:
         held = self._held.get(snapshot_id)
