@@ -35,9 +35,17 @@ from workers.models.presets import ModelPreset, get_preset
 from workers.models.vae import WanVAE
 from workers.training import checkpoint
 from workers.training.clips import WORLD_SEED
-from workers.training.dit_train import DiTTrainConfig, LatentSet, new_dit, random_text_encoder, train_dit
+from workers.training.dit_train import (
+    DiTTrainConfig,
+    LatentSet,
+    make_optimizer,
+    new_dit,
+    random_text_encoder,
+    train_dit,
+)
 from workers.training.export import hardware, install, write_checkpoint
 from workers.training.latents import MOVE_STARTS, LatentSetConfig, build_latent_set, first_chunk_set
+from workers.training.resume_point import ResumePoint
 from workers.training.vae_train import VAETrainConfig, fold_latent_stats, measure_latent_stats, train_vae
 from workers.world import World
 
@@ -49,7 +57,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m workers.training",
         description="Train the embedded gridworld preset (see the module docstring for the phases).",
     )
-    p.add_argument("--out", type=Path, default=Path("runs/train/gridworld"), help="work directory")
+    p.add_argument("--out", type=Path, default=None, help="work directory (default runs/train/<preset>)")
     p.add_argument("--preset", default="gridworld")
     p.add_argument("--phase", choices=(*PHASES, "all"), default="all")
     p.add_argument("--seed", type=int, default=0)
@@ -98,7 +106,19 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch CPU threads for training")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="training device")
     p.add_argument("--install", action="store_true", help="copy the exported weights into the package")
-    return p.parse_args(argv)
+    p.add_argument(
+        "--resume-point",
+        default=None,
+        help="directory of the compact state committed to the repository (default "
+        "workers/training/resume/<preset>; 'none': keep no resume point); see workers/training/resume_point.py",
+    )
+    args = p.parse_args(argv)
+    args.out = args.out or Path("runs/train") / args.preset
+    if args.resume_point == "none":
+        args.keep = None
+    else:
+        args.keep = ResumePoint(Path(args.resume_point)) if args.resume_point else ResumePoint.for_preset(args.preset)
+    return args
 
 
 def _vae_config(args: argparse.Namespace) -> VAETrainConfig:
@@ -121,11 +141,14 @@ def phase_vae(args: argparse.Namespace, preset: ModelPreset, world: World) -> No
     if final.is_file():
         print(f"[vae] {final} exists, skipping", flush=True)
         return
+    if args.keep is not None and args.keep.restore_finished_vae(args.out):
+        print(f"[vae] finished VAE copied from the resume point in {args.keep.directory}", flush=True)
+        return
     if args.vae_init is not None:
         _copy_vae(_init_dir("--vae-init", args.vae_init, preset), args.out)
         return
     cfg = _vae_config(args)
-    vae = train_vae(preset, world, args.out, cfg, torch.device(args.device))
+    vae = train_vae(preset, world, args.out, cfg, torch.device(args.device), args.keep)
     stats = fold_latent_stats(vae, *measure_latent_stats(vae, world, preset, args.seed))
     save_file({k: v.detach().cpu().contiguous() for k, v in vae.state_dict().items()}, str(final))
     state = torch.load(args.out / "vae.ckpt.pt", weights_only=False)
@@ -136,6 +159,8 @@ def phase_vae(args: argparse.Namespace, preset: ModelPreset, world: World) -> No
         "latent_stats_folded": stats,
     }
     (args.out / "vae.json").write_text(json.dumps(info, indent=2))
+    if args.keep is not None:
+        args.keep.finish_vae(args.out)
 
 
 def _copy_vae(source: Path, out: Path) -> None:
@@ -205,12 +230,14 @@ def phase_dit(args: argparse.Namespace, preset: ModelPreset) -> None:
     print(f"[dit] {len(data)} walks; first-chunk steps draw from {len(first)} clips", flush=True)
     text = random_text_encoder(preset)
     init = None if args.dit_init is None else _init_dir("--dit-init", args.dit_init, preset)
-    train_dit(preset, data, text, args.out, _dit_config(args), torch.device(args.device), first, init)
+    train_dit(preset, data, text, args.out, _dit_config(args), torch.device(args.device), first, init, args.keep)
 
 
 def phase_export(args: argparse.Namespace, preset: ModelPreset) -> Path:
     dit = new_dit(preset, args.seed)
     dit_state = checkpoint.resume(args.out / "dit.ckpt.pt", dit)
+    if dit_state is None and args.keep is not None:  # a fresh clone: the committed (float16) weights
+        dit_state = args.keep.load("dit", dit, make_optimizer(dit, _dit_config(args)))
     if dit_state is None:
         raise FileNotFoundError(f"no DiT checkpoint in {args.out}; run the dit phase first")
     vae_info = json.loads((args.out / "vae.json").read_text())
@@ -273,6 +300,17 @@ def main(argv: list[str] | None = None) -> None:
     world = World.generate(WORLD_SEED)
     phases = PHASES if args.phase == "all" else (args.phase,)
     t0 = time.time()
+    checkpoint.stop_on_signals()
+    try:
+        _run_phases(args, preset, world, phases)
+    except checkpoint.Interrupted as stop:
+        where = f"; commit {args.keep.directory} to resume on another machine" if args.keep else ""
+        print(f"[training] {stop} after {time.time() - t0:.0f} s: run the same command to resume{where}", flush=True)
+        raise SystemExit(130) from None
+    print(f"[training] done in {time.time() - t0:.0f} s", flush=True)
+
+
+def _run_phases(args: argparse.Namespace, preset: ModelPreset, world: World, phases: tuple[str, ...]) -> None:
     if "vae" in phases:
         phase_vae(args, preset, world)
     if "latents" in phases:
@@ -285,7 +323,6 @@ def main(argv: list[str] | None = None) -> None:
         out = phase_export(args, preset)
         if args.install:
             print(f"[export] installed into {install(out, preset.bundled_weights or preset.name)}", flush=True)
-    print(f"[training] done in {time.time() - t0:.0f} s", flush=True)
 
 
 if __name__ == "__main__":

@@ -69,6 +69,7 @@ from workers.training import checkpoint
 from workers.training.grow import load_grown
 from workers.training.latents import control_from_dict
 from workers.training.progress import Progress
+from workers.training.resume_point import ResumePoint
 from workers.training.vae_train import lr_at
 
 TEXT_ENCODER_SEED = 2  # the small umT5 keeps seeded random weights; the DiT learns to ignore its output
@@ -317,19 +318,22 @@ def train_dit(
     device: torch.device | None = None,
     first_chunk_data: LatentSet | None = None,
     init_from: Path | None = None,
+    keep: ResumePoint | None = None,
 ) -> WanDiT:
     """Train on `data`; the first-chunk steps draw from `first_chunk_data` when given (clips of at
     least one chunk, e.g. `LatentSet.first_chunks` of `data` and a `first_chunk_set`). A new run
-    starts from `init_from`'s DiT weights when given; a resumed one ignores it."""
+    starts from `init_from`'s DiT weights when given; a resumed one ignores it. With `keep`, each
+    checkpoint is also written there compactly (`resume_point.py`)."""
     device = device or torch.device("cpu")
     first_data = data if first_chunk_data is None else first_chunk_data
     dit = new_dit(preset, cfg.seed)
     path = out_dir / "dit.ckpt.pt"
     # A warm start only seeds a new run: a resumed run's checkpoint holds its weights and its record.
-    init = warm_start(dit, init_from) if init_from is not None and not path.is_file() else None
+    resuming = path.is_file() or (keep is not None and keep.step("dit") is not None)
+    init = warm_start(dit, init_from) if init_from is not None and not resuming else None
     dit = dit.to(device).train()
     opt = make_optimizer(dit, cfg)
-    state = checkpoint.resume(path, dit, opt)
+    state = checkpoint.resume_run(path, "dit", dit, opt, keep)
     if state is not None:
         init = state.get("init")
     elif init is not None:
@@ -337,8 +341,6 @@ def train_dit(
     step = start_step = state["step"] if state else 0
     wall_s = state.get("wall_s", 0.0) if state else 0.0
     t_run = time.perf_counter()
-    if step:
-        print(f"[dit] resumed at step {step} from {path}", flush=True)
     prompts = text_encoder.encode(list(PROMPTS))
     progress = Progress("dit", cfg.steps, start=step, every=20)
     while step < cfg.steps:
@@ -367,8 +369,8 @@ def train_dit(
         progress.update(step, **metrics)
         if not math.isfinite(loss.item()):
             raise FloatingPointError(f"DiT loss is {loss.item()} at step {step}")
-        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps or checkpoint.stop_requested():
             run_s = time.perf_counter() - t_run
             runs = checkpoint.history(state, start_step, step, cfg, run_s)
-            checkpoint.save(path, step, dit, opt, wall_s=wall_s + run_s, history=runs, init=init)
+            checkpoint.save_run(path, "dit", step, dit, opt, keep, wall_s=wall_s + run_s, history=runs, init=init)
     return dit.eval()

@@ -50,6 +50,7 @@ from workers.models.vae import AttentionBlock, CausalConv3d, Resample, ResidualB
 from workers.training import checkpoint
 from workers.training.clips import ClipSpec, frames_to_model, sample_controls, sample_start, split_rng
 from workers.training.progress import Progress
+from workers.training.resume_point import ResumePoint
 from workers.world import World, simulate_path
 
 
@@ -194,20 +195,25 @@ def init_for_training(vae: WanVAE) -> None:
 
 
 def train_vae(
-    preset: ModelPreset, world: World, out_dir: Path, cfg: VAETrainConfig, device: torch.device | None = None
+    preset: ModelPreset,
+    world: World,
+    out_dir: Path,
+    cfg: VAETrainConfig,
+    device: torch.device | None = None,
+    keep: ResumePoint | None = None,
 ) -> WanVAE:
-    """Train (or resume) to cfg.steps; returns the trained VAE (statistics not yet folded)."""
+    """Train (or resume) to cfg.steps; returns the trained VAE (statistics not yet folded). With
+    `keep`, each checkpoint is also written there compactly and a run resumes from it when it is
+    further on than the work directory's checkpoint."""
     spec = ClipSpec.for_preset(preset)
     torch.manual_seed(cfg.seed)
     vae = WanVAE(preset.vae).to(device or torch.device("cpu"))
     init_for_training(vae)
     opt = torch.optim.AdamW(vae.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
     path = out_dir / "vae.ckpt.pt"
-    state = checkpoint.resume(path, vae, opt)
+    state = checkpoint.resume_run(path, "vae", vae, opt, keep)
     step = start_step = state["step"] if state else 0
     wall_s = state.get("wall_s", 0.0) if state else 0.0
-    if step:
-        print(f"[vae] resumed at step {step} from {path}", flush=True)
 
     # One progress line per phase: an image step costs a fraction of a clip step, so one ETA over
     # both would mislead.
@@ -246,10 +252,10 @@ def train_vae(
         opt.step()
         step += 1
         progress.update(step, loss=loss_value, psnr_db=psnr_db_from_mse(mse_value))
-        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps or checkpoint.stop_requested():
             run_s = time.perf_counter() - t_run
             runs = checkpoint.history(state, start_step, step, cfg, run_s)
-            checkpoint.save(path, step, vae, opt, wall_s=wall_s + run_s, history=runs)
+            checkpoint.save_run(path, "vae", step, vae, opt, keep, wall_s=wall_s + run_s, history=runs)
     return vae.eval()
 
 
