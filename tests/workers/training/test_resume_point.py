@@ -88,7 +88,8 @@ def test_moments_keep_their_parameters_across_optimizer_groups_and_fit_the_budge
 
     other = new_dit(GRIDWORLD_4X, 1)
     other_opt = make_optimizer(other, cfg)
-    assert keep.load("dit", other, other_opt)["step"] == 1
+    meta = keep.load("dit", other, other_opt)
+    assert meta is not None and meta["step"] == 1
     for (name, p), (_, q) in zip(dit.named_parameters(), other.named_parameters(), strict=True):
         assert torch.equal(p.to(WEIGHTS_DTYPE).float(), q), name
         want, got = opt.state[p], other_opt.state[q]
