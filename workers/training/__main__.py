@@ -31,7 +31,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from workers.models import loading
-from workers.models.presets import ModelPreset, get_preset
+from workers.models.presets import PRESETS, ModelPreset, get_preset
 from workers.models.vae import WanVAE
 from workers.training import checkpoint
 from workers.training.clips import WORLD_SEED
@@ -94,8 +94,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--dit-init",
         default=None,
         help="start a new DiT run from this checkpoint directory's DiT weights ('bundled': the installed "
-        "preset's; a shallower DiT is deepened with blocks that start as the identity); the default is "
-        "random weights",
+        "preset's; a preset's name: the weights it ships; a shallower DiT is deepened with blocks that start "
+        "as the identity, and one of another patch size keeps all but its patch embedding and head); the "
+        "default is random weights",
     )
     p.add_argument("--starts", type=int, default=LatentSetConfig.starts, help="start poses in the DiT data set")
     p.add_argument("--chunks", type=int, default=LatentSetConfig.chunks, help="chunks per walk in the DiT data set")
@@ -214,12 +215,14 @@ def _dit_config(args: argparse.Namespace) -> DiTTrainConfig:
 
 
 def _init_dir(flag: str, value: str, preset: ModelPreset) -> Path:
-    """A checkpoint directory to start from: a path, or 'bundled' for the installed preset's."""
-    if value != "bundled":
+    """A checkpoint directory to start from: a path, 'bundled' for the installed preset's, or another
+    preset's name for the weights it ships."""
+    if value != "bundled" and value not in PRESETS:
         return Path(value)
-    bundled = loading.checkpoint_dir_for(preset, None)
+    source = preset if value == "bundled" else PRESETS[value]
+    bundled = loading.checkpoint_dir_for(source, None)
     if bundled is None:
-        raise SystemExit(f"{flag} bundled: preset {preset.name!r} ships no weights")
+        raise SystemExit(f"{flag} {value}: preset {source.name!r} ships no weights")
     return bundled
 
 

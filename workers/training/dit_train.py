@@ -69,6 +69,7 @@ from workers.training import checkpoint
 from workers.training.grow import load_grown
 from workers.training.latents import control_from_dict
 from workers.training.progress import Progress
+from workers.training.repatch import repatch, source_patch
 from workers.training.resume_point import ResumePoint
 from workers.training.vae_train import lr_at
 
@@ -186,11 +187,15 @@ def new_dit(preset: ModelPreset, seed: int) -> WanDiT:
 
 
 def warm_start(dit: WanDiT, checkpoint_dir: Path) -> dict:
-    """Load another checkpoint's DiT weights (same preset, strict keys and shapes) into `dit`; return
+    """Load another checkpoint's DiT weights into `dit` (strict keys and shapes, after deepening and
+    repatching: a source with fewer blocks or another patch size is adapted, see grow.py and
+    repatch.py); return
     the record the checkpoint keeps: the source, the digest of its weights (the source may later be
     overwritten, e.g. by installing the new weights over the bundled ones) and, from its model card,
     how it was trained."""
-    trained_layers = load_grown(dit, loading.read_dit_state(checkpoint_dir, "cpu"))
+    trained = loading.read_dit_state(checkpoint_dir, "cpu")
+    patch = source_patch(trained)
+    trained_layers = load_grown(dit, repatch(trained, dit))
     digest = hashlib.sha256()
     for shard in loading.dit_shards(checkpoint_dir):
         digest.update(shard.read_bytes())
@@ -205,6 +210,8 @@ def warm_start(dit: WanDiT, checkpoint_dir: Path) -> dict:
         "dit_init": source.get("init"),
         # A shallower source was deepened with identity blocks (workers/training/grow.py).
         "grown_from_layers": trained_layers if trained_layers != len(dit.blocks) else None,
+        # A source of another patch size lent all but its latent-space layers (workers/training/repatch.py).
+        "repatched_from": [1, patch, patch] if patch != dit.cfg.patch_size[1] else None,
     }
 
 

@@ -213,7 +213,7 @@ def test_dit_warm_start_loads_another_checkpoint_and_records_it(tmp_path: Path) 
     assert all(torch.equal(v, trained.state_dict()[k]) for k, v in fresh.state_dict().items())
     digest = hashlib.sha256((source / loading.DIT_SUBDIR / "model.safetensors").read_bytes()).hexdigest()
     expected = {"from": str(source), "sha256": digest, "dit_steps": 1234, "dit_wall_s": 5.0, "dit_init": None}
-    assert record == expected | {"grown_from_layers": None}
+    assert record == expected | {"grown_from_layers": None, "repatched_from": None}
 
     run = tmp_path / "run"
     text_encoder = random_text_encoder(SMALL)
