@@ -14,6 +14,7 @@ from workers.controls import ChunkControl
 from workers.models import loading
 from workers.models.camera import CameraTrack
 from workers.models.presets import GRIDWORLD, GRIDWORLD_4X
+from workers.training.__main__ import _init_dir
 from workers.training.dit_train import new_dit, warm_start
 from workers.training.repatch import LATENT_SPACE_KEYS, camera_pixel_order
 
@@ -56,3 +57,9 @@ def test_a_repatched_warm_start_keeps_the_camera_path_and_blocks(tmp_path: Path)
             modulations.append(dit.chunk_camera(cells[None]).hidden)
     assert modulations[0].shape == modulations[1].shape
     torch.testing.assert_close(modulations[1], modulations[0], rtol=1e-5, atol=1e-5)
+
+
+def test_dit_init_names_a_preset_whose_shipped_weights_start_the_run() -> None:
+    assert _init_dir("--dit-init", "gridworld", GRIDWORLD_4X) == loading.checkpoint_dir_for(GRIDWORLD, None)
+    with pytest.raises(SystemExit, match="ships no weights"):
+        _init_dir("--dit-init", "bundled", GRIDWORLD_4X)
