@@ -142,15 +142,15 @@ async def _branch(url: str, snapshot_id: str, token: str) -> dict[str, Any]:
 
 
 async def _settled(server: ServerUnderTest, base: Resources) -> tuple[float | None, Resources]:
-    """Seconds until peer connections and tasks are back to `base` (closed sessions forgotten), and the
-    resources then (or at the timeout)."""
+    """Seconds until the server's connections, tasks, sockets and threads are back to `base` (closed
+    sessions forgotten), and the resources then (or at the timeout)."""
     await asyncio.sleep(KEEP_S + 0.5)
     seen: list[Resources] = []
 
     def back() -> bool:
         res = server.resources()
         seen.append(res)
-        return res.peer_connections == base.peer_connections and res.tasks <= base.tasks
+        return res.back_to(base)
 
     took = await asyncio.to_thread(wait_for, back, SETTLE_S, 0.2)
     return took, seen[-1]

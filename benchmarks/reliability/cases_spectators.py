@@ -108,14 +108,14 @@ def _delivery(session: Session, t0: float, t1: float) -> dict[str, Any]:
 async def _settled(
     server: ServerUnderTest, base: Resources, spectators_done: Callable[[], bool]
 ) -> tuple[float | None, Resources]:
-    """Seconds until `spectators_done()` and peer connections and tasks are back to `base`, and the
-    resources then (or at the timeout)."""
+    """Seconds until `spectators_done()` and the server's connections, tasks, sockets and threads are
+    back to `base`, and the resources then (or at the timeout)."""
     seen: list[Resources] = []
 
     def back() -> bool:
         res = server.resources()
         seen.append(res)
-        return spectators_done() and res.peer_connections == base.peer_connections and res.tasks <= base.tasks
+        return spectators_done() and res.back_to(base)
 
     took = await asyncio.to_thread(wait_for, back, SETTLE_S, 0.2)
     return took, seen[-1]

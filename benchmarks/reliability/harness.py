@@ -157,6 +157,11 @@ class Resources:
     def delta(self, base: Resources) -> dict[str, int]:
         return {k: getattr(self, k) - getattr(base, k) for k in self.__dataclass_fields__}
 
+    def back_to(self, base: Resources) -> bool:
+        """Everything `leak_checks` checks is back to `base`. Rows wait for this before they measure:
+        a closing connection's tasks, socket and encoder thread go one after another, not at once."""
+        return all(check.ok for check in leak_checks(base, self))
+
 
 def leak_checks(base: Resources, end: Resources) -> list[Check]:
     """The server's connections, tasks, sockets and threads back to where they were."""

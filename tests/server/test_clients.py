@@ -26,15 +26,17 @@ from worldrtc import ClientError, Session
 
 pytestmark = pytest.mark.processes
 STOCK_CLIENT = Path(__file__).resolve().parents[1] / "support" / "stock_client.py"
-# Past every session timer a silent viewer could trip but the idle one (offer 30 s, ICE 15 s, peer 4.5 s).
-WATCH_S = 35.0
+# The session timers a silent viewer could trip, all but the idle one, shortened from their defaults
+# (offer 30 s, ICE 15 s) so that watching past them all takes seconds, not a minute.
+TIMERS_ENV = {"WORLDRTC_OFFER_TIMEOUT_S": "10", "WORLDRTC_ICE_TIMEOUT_S": "8"}
+WATCH_S = 14.0  # past the offer, ICE and peer (4.5 s) timers
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     # The synthetic model on the tiny geometry: real workers and video, almost no compute.
     args = ["--model", "synthetic", "--stage-ms", "20,60,40", "--synthetic-geometry", "tiny", "--max-sessions", "4"]
-    with local_server(args, tmp_path_factory.mktemp("clients") / "server.log") as srv:
+    with local_server(args, tmp_path_factory.mktemp("clients") / "server.log", env=TIMERS_ENV) as srv:
         yield srv
 
 

@@ -19,7 +19,8 @@ def steps(session: SerialSession, keys: list[list[str]]) -> list[np.ndarray]:
     return [session.step(ChunkControl.from_keys(k)).frames for k in keys]
 
 
-@pytest.fixture(scope="module", params=["gridworld", "tiny"])
+# The trained model and the random one share every class; the second runs on purpose (-m slow).
+@pytest.fixture(scope="module", params=["gridworld", pytest.param("tiny", marks=pytest.mark.slow)])
 def engine(request: pytest.FixtureRequest) -> SerialEngine:
     return SerialEngine.load(request.param)
 
