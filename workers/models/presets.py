@@ -188,7 +188,8 @@ GRIDWORLD = ModelPreset(
 
 # The sharper embedded world: the same DiT trunk over a VAE that compresses 4× in space instead of 8×
 # (32×32×16 latents for 128×128 frames), patchified 4×4 instead of 2×2, so the DiT still sees 8×8
-# tokens per frame and costs what gridworld's does, while the decoder has one upsampling stage fewer.
+# tokens per frame and costs what gridworld's does. (Its decoder has one upsampling stage fewer, yet
+# live it is no faster: README "Training that outlives the machine".)
 # Trained with `python -m workers.training --preset gridworld-4x`, which resumes from the state kept in
 # the repository (README "Training the embedded world").
 GRIDWORLD_4X = replace(
