@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing.process
+import os
 import shutil
 import subprocess
 from collections.abc import Callable, Generator, Iterator
@@ -25,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from workers.determinism import intra_op_threads
 from workers.models import components, loading
 from workers.models.presets import TINY
+from workers.runtime.channel import SEGMENT_PREFIX, leaked_segments, remove_segments
 
 # The checkpoint is written from the weights `weights_seed` gives each component (components.SEED_OFFSETS),
 # so an engine loading it and one seeded with it must agree.
@@ -100,11 +102,48 @@ def single_thread_torch() -> Iterator[None]:
 PROCESS_MARKERS = ("processes", "training", "browser", "gpu", "slow", "container")
 
 
+# Shared-memory channel files whose producer died, left behind by a test (its module fixtures'
+# teardown included), by test id. Each test's own checks look at the processes it knows; this
+# catches a stop path none of them anticipated, names the test, and fails the run at its end.
+ORPHANED_SEGMENTS: dict[str, list[str]] = {}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _orphans(names: set[str]) -> dict[int, list[str]]:
+    by_pid: dict[int, list[str]] = {}
+    for name in sorted(names):
+        pid = int(name[len(SEGMENT_PREFIX) :].split("-", 1)[0])
+        if not _pid_alive(pid):
+            by_pid.setdefault(pid, []).append(name)
+    return by_pid
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if ORPHANED_SEGMENTS:
+        lines = [f"  {test}: {', '.join(names)}" for test, names in ORPHANED_SEGMENTS.items()]
+        print("\nshared-memory files left by exited processes (removed now):\n" + "\n".join(lines))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, None]:
-    """Refuse process starts (setup, call and teardown) in tests of the fast tier."""
+    """Refuse process starts (setup, call and teardown) in tests of the fast tier; in the others,
+    record (and remove) the channel files of processes that exited without unlinking them."""
     if any(item.get_closest_marker(m) for m in PROCESS_MARKERS):
+        before = set(leaked_segments())
         yield
+        for pid, names in _orphans(set(leaked_segments()) - before).items():
+            ORPHANED_SEGMENTS.setdefault(item.nodeid, []).extend(names)
+            remove_segments(pid)
         return
 
     def refuse(*args: Any, **kwargs: Any) -> None:
