@@ -89,8 +89,7 @@ def resume_run(
     point (a fresh clone has only the latter). Prints where it resumed from."""
     local = torch.load(path, map_location="cpu", weights_only=False) if path.is_file() else None
     committed = keep.step(phase) if keep is not None else None
-    if committed is not None and (local is None or committed > local["step"]):
-        assert keep is not None
+    if keep is not None and committed is not None and (local is None or committed > local["step"]):
         state = keep.load(phase, model, optimizer)
         print(f"[{phase}] resumed at step {committed} from the resume point in {keep.directory}", flush=True)
         return state
