@@ -81,6 +81,10 @@ class VAEConfig:
     dim_mult: tuple[int, ...] = (1, 2, 4, 4)
     num_res_blocks: int = 2
     temporal_downsample: tuple[bool, ...] = (False, True, True)
+    # Temporal kernel of the decoder's last (full-resolution) stage and head convs. Wan's is 3; 1
+    # makes that stage per-frame (time is already mixed at the coarser stages), a third of the
+    # decoder's dominant cost and no stream history to keep there.
+    decoder_full_res_kernel_t: int = 3
     # Per-channel latent statistics: latents are stored as (mu - mean) / std.
     latent_mean: tuple[float, ...] = (
         -0.7571,
@@ -124,6 +128,8 @@ class VAEConfig:
             raise ValueError(f"latent_mean/latent_std need {self.z_dim} entries each")
         if len(self.temporal_downsample) != len(self.dim_mult) - 1:
             raise ValueError("temporal_downsample needs one entry per downsampling stage")
+        if self.decoder_full_res_kernel_t not in (1, 3):
+            raise ValueError(f"decoder_full_res_kernel_t must be 1 or 3, got {self.decoder_full_res_kernel_t}")
 
     @property
     def spatial_stride(self) -> int:

@@ -195,7 +195,7 @@ def _cached_conv(
     Under a shard `x` is the local band and so is what gets cached; halo rows are fetched afresh
     (history included) inside the conv.
     """
-    if cache is None:
+    if cache is None or not _is_cached_conv(conv):  # a per-frame kernel needs no history
         return conv(x, None, shard)
     slot = _slot_of(conv)
     old = cache[slot]
@@ -235,19 +235,24 @@ def _assign_cache_slots(module: nn.Module) -> int:
     return count
 
 
+def _conv3x3(in_dim: int, out_dim: int, kernel_t: int) -> CausalConv3d:
+    """A 3×3 spatial conv spanning `kernel_t` frames (3: causal in time; 1: per frame)."""
+    return CausalConv3d(in_dim, out_dim, (kernel_t, 3, 3), padding=(kernel_t // 2, 1, 1))
+
+
 class ResidualBlock(nn.Module):
-    def __init__(self, in_dim: int, out_dim: int, dropout: float = 0.0) -> None:
+    def __init__(self, in_dim: int, out_dim: int, dropout: float = 0.0, kernel_t: int = 3) -> None:
         super().__init__()
         self.in_dim = in_dim
         self.out_dim = out_dim
         self.residual = nn.Sequential(
             RMS_norm(in_dim, images=False),
             nn.SiLU(),
-            CausalConv3d(in_dim, out_dim, 3, padding=1),
+            _conv3x3(in_dim, out_dim, kernel_t),
             RMS_norm(out_dim, images=False),
             nn.SiLU(),
             nn.Dropout(dropout),
-            CausalConv3d(out_dim, out_dim, 3, padding=1),
+            _conv3x3(out_dim, out_dim, kernel_t),
         )
         self.shortcut: nn.Module = CausalConv3d(in_dim, out_dim, 1) if in_dim != out_dim else nn.Identity()
 
@@ -445,9 +450,11 @@ class Decoder3d(nn.Module):
         num_res_blocks: int,
         temporal_upsample: tuple[bool, ...],
         dropout: float = 0.0,
+        full_res_kernel_t: int = 3,
     ) -> None:
         super().__init__()
         dims = [dim * u for u in (dim_mult[-1], *dim_mult[::-1])]
+        last_stage = len(dim_mult) - 1
         self.conv1 = CausalConv3d(z_dim, dims[0], 3, padding=1)
         self.middle = nn.Sequential(
             ResidualBlock(dims[0], dims[0], dropout),
@@ -460,14 +467,17 @@ class Decoder3d(nn.Module):
         for i, (in_dim, out_dim) in enumerate(itertools.pairwise(dims)):
             if i > 0:
                 in_dim //= 2  # the previous stage's Resample halved the channels
+            kernel_t = full_res_kernel_t if i == last_stage else 3
             for _ in range(num_res_blocks + 1):
-                blocks.append(ResidualBlock(in_dim, out_dim, dropout))
+                blocks.append(ResidualBlock(in_dim, out_dim, dropout, kernel_t))
                 in_dim = out_dim
-            if i != len(dim_mult) - 1:
+            if i != last_stage:
                 blocks.append(Resample(out_dim, "upsample3d" if temporal_upsample[i] else "upsample2d"))
         self.upsamples = nn.Sequential(*blocks)
 
-        self.head = nn.Sequential(RMS_norm(out_dim, images=False), nn.SiLU(), CausalConv3d(out_dim, 3, 3, padding=1))
+        self.head = nn.Sequential(
+            RMS_norm(out_dim, images=False), nn.SiLU(), _conv3x3(out_dim, 3, full_res_kernel_t)
+        )
         self.num_cache_slots = _assign_cache_slots(self)
 
     def forward(self, x: torch.Tensor, cache: CacheList, shard: SpatialShard | None = None) -> torch.Tensor:
@@ -536,7 +546,12 @@ class WanVAE(nn.Module):
         self.conv1 = CausalConv3d(2 * z, 2 * z, 1)
         self.conv2 = CausalConv3d(z, z, 1)
         self.decoder = Decoder3d(
-            config.base_dim, z, config.dim_mult, config.num_res_blocks, config.temporal_downsample[::-1]
+            config.base_dim,
+            z,
+            config.dim_mult,
+            config.num_res_blocks,
+            config.temporal_downsample[::-1],
+            full_res_kernel_t=config.decoder_full_res_kernel_t,
         )
         # Kept outside the state dict (the checkpoint has no such keys) and outside buffers (a
         # meta-built model loaded with assign=True would leave buffers on meta).

@@ -184,3 +184,20 @@ def test_bad_inputs_raise(vae: WanVAE) -> None:
             vae.decode_stream(_latents(1, batch=2), state)
     with pytest.raises(ValueError, match="slots"):
         vae.encode_stream(_video(1), VAEStreamState(1, 1))
+
+
+def test_a_per_frame_full_resolution_stage_keeps_no_history_there() -> None:
+    torch.manual_seed(0)
+    per_frame = WanVAE(VAEConfig(base_dim=8, decoder_full_res_kernel_t=1)).eval()
+    last_stage = [*per_frame.decoder.upsamples[-3:].modules(), *per_frame.decoder.head.modules()]
+    convs = [m for m in last_stage if isinstance(m, CausalConv3d) and m.kernel_size[1] == 3]
+    assert len(convs) == 7 and all(m.kernel_size == (1, 3, 3) and m.cache_slot is None for m in convs)
+    torch.manual_seed(0)
+    assert per_frame.decoder.num_cache_slots == WanVAE(VAEConfig(base_dim=8)).decoder.num_cache_slots - 7
+    latents = _latents(8)
+    with torch.inference_mode():
+        expected = per_frame.decode(latents)
+        state = per_frame.new_stream_state()
+        parts = [per_frame.decode_stream(part, state) for part in _split(latents, [1, 4, 3])]
+    assert torch.equal(torch.cat(parts, dim=2), expected)
+    assert expected.shape == (1, 3, 29, SIZE, SIZE)

@@ -27,9 +27,9 @@ ATOL = 2e-5
 CHUNKS = [4, 4, 4]  # latent frames per decode_stream call: 13 + 16 + 16 = 45 video frames
 
 
-def _vae() -> WanVAE:
+def _vae(full_res_kernel_t: int = 3) -> WanVAE:
     torch.manual_seed(0)  # every rank builds the same weights
-    return WanVAE(VAEConfig(base_dim=8)).eval()
+    return WanVAE(VAEConfig(base_dim=8, decoder_full_res_kernel_t=full_res_kernel_t)).eval()
 
 
 def _latents(h: int, w: int, frames: int = sum(CHUNKS), seed: int = 2) -> torch.Tensor:
@@ -37,8 +37,8 @@ def _latents(h: int, w: int, frames: int = sum(CHUNKS), seed: int = 2) -> torch.
     return torch.randn(1, 16, frames, h, w, generator=g)
 
 
-def _decode_unsharded(latents: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    vae, parts = _vae(), []
+def _decode_unsharded(latents: torch.Tensor, kernel_t: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    vae, parts = _vae(kernel_t), []
     state = vae.new_stream_state()
     with torch.inference_mode():
         for part in torch.split(latents, CHUNKS, dim=2):
@@ -88,8 +88,8 @@ def _halo_body(group: StageGroup) -> dict[str, object]:
     return out
 
 
-def _decode_body(group: StageGroup, latents: torch.Tensor, gather_to: int | None) -> dict[str, object]:
-    vae, shard = _vae(), SpatialShard.from_group(group)
+def _decode_body(group: StageGroup, latents: torch.Tensor, gather_to: int | None, kernel_t: int) -> dict[str, object]:
+    vae, shard = _vae(kernel_t), SpatialShard.from_group(group)
     band = WanVAE.split_rows(latents, group.rank, group.world_size)
     state = vae.new_stream_state()
     with torch.inference_mode():
@@ -134,14 +134,17 @@ def test_halo_exchange_and_gather(world_size: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("world_size", "h", "w", "gather_to"),
-    [(2, 8, 8, 0), (4, 16, 8, None)],  # 4 ranks: 16 latent rows -> bands of 4
+    ("world_size", "h", "w", "gather_to", "kernel_t"),
+    # 4 ranks: 16 latent rows -> bands of 4; kernel_t 1: a per-frame full-resolution stage
+    [(2, 8, 8, 0, 3), (4, 16, 8, None, 3), (2, 8, 8, 0, 1)],
 )
 @pytest.mark.processes
-def test_streaming_sharded_decode_matches_unsharded(world_size: int, h: int, w: int, gather_to: int | None) -> None:
+def test_streaming_sharded_decode_matches_unsharded(
+    world_size: int, h: int, w: int, gather_to: int | None, kernel_t: int
+) -> None:
     latents = _latents(h, w)
-    expected, expected_cache = _decode_unsharded(latents)
-    results = run_ranks(_decode_body, world_size, latents, gather_to)
+    expected, expected_cache = _decode_unsharded(latents, kernel_t)
+    results = run_ranks(_decode_body, world_size, latents, gather_to, kernel_t)
 
     receivers = range(world_size) if gather_to is None else [gather_to]
     for r, res in enumerate(results):
