@@ -10,6 +10,8 @@ Phases run in order; each resumes from its checkpoint, and skips itself when its
 (delete that file to redo it):
   vae      train the VAE on rendered frames, then clips -> vae.ckpt.pt, vae.safetensors (+ vae.json)
            (or, with --vae-init, copy another checkpoint's VAE and its training record)
+  decoder  with --decoder-steps N: tune the finished VAE's decoder, its encoder frozen
+           (workers/training/decoder_tune.py) -> decoder.ckpt.pt, then vae.safetensors in place
   latents  render and encode the DiT's clips -> latents.pt
   moves    many more starts, one chunk each of single moves -> moves.pt (the DiT's first-chunk steps)
   dit      train the causal DiT              -> dit.ckpt.pt
@@ -35,6 +37,8 @@ from workers.models.presets import PRESETS, ModelPreset, get_preset
 from workers.models.vae import WanVAE
 from workers.training import checkpoint
 from workers.training.clips import WORLD_SEED
+from workers.training.decoder_tune import PHASE as DECODER_PHASE
+from workers.training.decoder_tune import DecoderTuneConfig, tune_decoder
 from workers.training.dit_train import (
     DiTTrainConfig,
     LatentSet,
@@ -49,7 +53,9 @@ from workers.training.resume_point import ResumePoint
 from workers.training.vae_train import VAETrainConfig, fold_latent_stats, measure_latent_stats, train_vae
 from workers.world import World
 
-PHASES = ("vae", "latents", "moves", "dit", "export")
+# The decoder phase comes before anything that loads the VAE: a preset whose decoder changed shape
+# (decoder_full_res_kernel_t) needs it before its VAE file loads.
+PHASES = ("vae", "decoder", "latents", "moves", "dit", "export")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -79,6 +85,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="take the VAE from this checkpoint directory ('bundled': the installed preset's) instead of "
         "training one; its model card's VAE record carries over",
+    )
+    p.add_argument(
+        "--decoder-steps",
+        type=int,
+        default=DecoderTuneConfig.steps,
+        help="decoder-only steps on the finished VAE (its encoder, so the latents, stay as they are)",
     )
     p.add_argument("--dit-steps", type=int, default=DiTTrainConfig.steps)
     p.add_argument("--dit-batch", type=int, default=DiTTrainConfig.batch)
@@ -164,6 +176,28 @@ def phase_vae(args: argparse.Namespace, preset: ModelPreset, world: World) -> No
         args.keep.finish_vae(args.out)
 
 
+def phase_decoder(args: argparse.Namespace, preset: ModelPreset, world: World) -> None:
+    cfg = DecoderTuneConfig(steps=args.decoder_steps, seed=args.seed)
+    info_file = args.out / "vae.json"
+    info = json.loads(info_file.read_text())
+    done = info.get("decoder", {}).get("steps", 0)
+    if cfg.steps <= done:
+        if cfg.steps:
+            print(f"[decoder] the VAE's decoder is tuned ({done} steps), skipping", flush=True)
+        return
+    vae = tune_decoder(preset, world, args.out, cfg, torch.device(args.device), args.keep)
+    state = torch.load(args.out / f"{DECODER_PHASE}.ckpt.pt", weights_only=False)
+    tmp = args.out / "vae.safetensors.tmp"
+    save_file({k: v.detach().cpu().contiguous() for k, v in vae.state_dict().items()}, str(tmp))
+    os.replace(tmp, args.out / "vae.safetensors")
+    info["decoder"] = {"steps": cfg.steps, "wall_s": state.get("wall_s"), "history": state.get("history", [])}
+    info_file.write_text(json.dumps(info, indent=2))
+    if args.keep is not None:
+        args.keep.finish_vae(args.out)
+        args.keep.drop(DECODER_PHASE)
+    print(f"[decoder] tuned for {cfg.steps} steps: {args.out / 'vae.safetensors'}", flush=True)
+
+
 def _copy_vae(source: Path, out: Path) -> None:
     """Another checkpoint's VAE (latent statistics already folded) and, from its model card, the
     record of how it was trained, as the vae phase would have written them."""
@@ -174,7 +208,7 @@ def _copy_vae(source: Path, out: Path) -> None:
         "wall_s": record["wall_s"],
         "history": record["history"],
         "from": str(source),
-    }
+    } | ({"decoder": record["decoder"]} if "decoder" in record else {})
     shutil.copyfile(source / loading.VAE_SAFETENSORS, out / "vae.safetensors")
     (out / "vae.json").write_text(json.dumps(info, indent=2))
     print(f"[vae] copied from {source}", flush=True)
@@ -182,7 +216,13 @@ def _copy_vae(source: Path, out: Path) -> None:
 
 def load_trained_vae(out: Path, preset: ModelPreset) -> WanVAE:
     vae = WanVAE(preset.vae)
-    vae.load_state_dict(load_file(str(out / "vae.safetensors")), strict=True)
+    try:
+        vae.load_state_dict(load_file(str(out / "vae.safetensors")), strict=True)
+    except RuntimeError as exc:
+        raise RuntimeError(
+            f"{out / 'vae.safetensors'} does not fit {preset.name}'s VAE (a decoder of another shape is "
+            "tuned into it by the decoder phase: --decoder-steps N)"
+        ) from exc
     return vae.eval().requires_grad_(False)
 
 
@@ -268,7 +308,8 @@ def phase_export(args: argparse.Namespace, preset: ModelPreset) -> Path:
                 " (decoder only)"
                 if vae["long_stream_steps"]
                 else ""
-            ),
+            )
+            + _decoder_data(vae_info),
             "dit": f"{len(latents['latents'])} clips of {latents['config']['chunks']} chunks from "
             f"{latents['config']['starts']} train-split starts ({latents['config']['paths_per_start']} paths each); "
             f"first-chunk steps add {len(moves['latents'])} one-chunk clips of single moves from "
@@ -276,7 +317,8 @@ def phase_export(args: argparse.Namespace, preset: ModelPreset) -> Path:
             "held_out": "evaluation starts lie only in held-out cells; evaluation paths use their own seeds",
         },
         "training": {
-            "vae": {"steps": vae["steps"], "wall_s": vae_info["wall_s"], "history": vae_info["history"]},
+            "vae": {"steps": vae["steps"], "wall_s": vae_info["wall_s"], "history": vae_info["history"]}
+            | ({"decoder": vae_info["decoder"]} if "decoder" in vae_info else {}),
             "latents": {"wall_s": latents["wall_s"], "moves_wall_s": moves["wall_s"]},
             "dit": {
                 "steps": dit_state["step"],
@@ -293,6 +335,15 @@ def phase_export(args: argparse.Namespace, preset: ModelPreset) -> Path:
     write_checkpoint(out, dit, load_trained_vae(args.out, preset), random_text_encoder(preset).encoder, card)
     print(f"[export] wrote {out}", flush=True)
     return out
+
+
+def _decoder_data(vae_info: dict) -> str:
+    if "decoder" not in vae_info:
+        return ""
+    cfg = vae_info["decoder"]["history"][-1]["config"]
+    return (
+        f"; then {vae_info['decoder']['steps']} decoder-only steps × {cfg['batch']} clips × {cfg['clip_frames']} frames"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -316,6 +367,8 @@ def main(argv: list[str] | None = None) -> None:
 def _run_phases(args: argparse.Namespace, preset: ModelPreset, world: World, phases: tuple[str, ...]) -> None:
     if "vae" in phases:
         phase_vae(args, preset, world)
+    if "decoder" in phases:
+        phase_decoder(args, preset, world)
     if "latents" in phases:
         phase_latents(args, preset)
     if "moves" in phases:

@@ -106,7 +106,7 @@ def render_windows(world: World, spec: ClipSpec, rng: np.random.Generator, count
     return out
 
 
-def _crop(video: torch.Tensor, size: int, rng: np.random.Generator) -> torch.Tensor:
+def random_crop(video: torch.Tensor, size: int, rng: np.random.Generator) -> torch.Tensor:
     h, w = video.shape[-2:]
     top, left = int(rng.integers(0, h - size + 1)), int(rng.integers(0, w - size + 1))
     return video[..., top : top + size, left : left + size]
@@ -114,7 +114,7 @@ def _crop(video: torch.Tensor, size: int, rng: np.random.Generator) -> torch.Ten
 
 def _image_batch(world: World, spec: ClipSpec, rng: np.random.Generator, cfg: VAETrainConfig) -> torch.Tensor:
     """[B, 3, 1, crop, crop]: single frames from random train walks."""
-    return _crop(frames_to_model(render_windows(world, spec, rng, cfg.image_batch, 1)), cfg.crop_px, rng)
+    return random_crop(frames_to_model(render_windows(world, spec, rng, cfg.image_batch, 1)), cfg.crop_px, rng)
 
 
 def _clip_batch(
@@ -127,7 +127,7 @@ def _clip_batch(
     if long_stream:
         frames = 1 + 8 * cfg.stream_segments
     video = frames_to_model(render_windows(world, spec, rng, cfg.batch // 2 if full_res else cfg.batch, frames))
-    return (video if full_res else _crop(video, cfg.crop_px, rng)), long_stream
+    return (video if full_res else random_crop(video, cfg.crop_px, rng)), long_stream
 
 
 def _detach(cache: list) -> list:
