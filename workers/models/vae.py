@@ -475,9 +475,7 @@ class Decoder3d(nn.Module):
                 blocks.append(Resample(out_dim, "upsample3d" if temporal_upsample[i] else "upsample2d"))
         self.upsamples = nn.Sequential(*blocks)
 
-        self.head = nn.Sequential(
-            RMS_norm(out_dim, images=False), nn.SiLU(), _conv3x3(out_dim, 3, full_res_kernel_t)
-        )
+        self.head = nn.Sequential(RMS_norm(out_dim, images=False), nn.SiLU(), _conv3x3(out_dim, 3, full_res_kernel_t))
         self.num_cache_slots = _assign_cache_slots(self)
 
     def forward(self, x: torch.Tensor, cache: CacheList, shard: SpatialShard | None = None) -> torch.Tensor:
