@@ -64,9 +64,10 @@ lint: setup
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
 
-# The full suite CI runs (soak tests marked `slow` only on purpose: `pytest -m slow`).
+# The full suite CI runs (soak tests marked `slow` only on purpose: `pytest -m slow`); it ends with
+# its 20 slowest tests, which is where to look when it grows past about 20 minutes.
 test: lint packages parity-deps
-	$(PY) -m pytest -m "not (slow or container)" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not (slow or container)" --durations=20 $(PYTEST_ARGS)
 
 # The model code against independent implementations (README "Correctness").
 test-parity: parity-deps
