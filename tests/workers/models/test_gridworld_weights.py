@@ -1,5 +1,5 @@
-"""The embedded `gridworld` preset's shipped weights: strict loading, determinism, and a generated
-world that answers the keys the way the renderer's world does."""
+"""The embedded presets' shipped weights (`gridworld`, the default, and `gridworld-4x`): strict
+loading, determinism, and a generated world that answers the keys the way the renderer's world does."""
 
 from __future__ import annotations
 
@@ -13,18 +13,24 @@ import torch
 from benchmarks.image_metrics import psnr_db
 from workers.controls import ChunkControl
 from workers.models import components, loading
-from workers.models.presets import DEFAULT_PRESET, GRIDWORLD
+from workers.models.presets import DEFAULT_PRESET, GRIDWORLD, GRIDWORLD_4X, ModelPreset
 from workers.serial_engine import SerialEngine
 from workers.training.clips import WORLD_SEED, ClipSpec, render_clip
 from workers.world import World
 
-BUNDLE = loading.BUNDLED_ROOT / "gridworld"
+EMBEDDED = [pytest.param(GRIDWORLD, id="gridworld"), pytest.param(GRIDWORLD_4X, id="gridworld-4x")]
 
 
 @pytest.fixture(scope="module")
-def engine() -> SerialEngine:
-    # Compared only with itself: any thread count keeps the contract, so use every core.
-    return SerialEngine.load("gridworld", cpu_threads=torch.get_num_threads())
+def engines() -> dict[str, SerialEngine]:
+    return {}  # one engine per preset for the module, loaded by the first test that needs it
+
+
+def _engine(engines: dict[str, SerialEngine], preset: ModelPreset) -> SerialEngine:
+    if preset.name not in engines:
+        # Compared only with itself: any thread count keeps the contract, so use every core.
+        engines[preset.name] = SerialEngine.load(preset.name, cpu_threads=torch.get_num_threads())
+    return engines[preset.name]
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +43,21 @@ def _generate(engine: SerialEngine, image: np.ndarray, keys: list[str], chunks: 
     return np.concatenate([session.step(ChunkControl.from_keys(keys)).frames for _ in range(chunks)])
 
 
-def test_gridworld_is_the_default_and_its_weights_load_strictly() -> None:
+def test_gridworld_is_the_default() -> None:
     assert DEFAULT_PRESET == "gridworld"
-    results = components.verify_checkpoint(GRIDWORLD, BUNDLE)
+
+
+@pytest.mark.parametrize("preset", EMBEDDED)
+def test_bundled_weights_load_strictly(preset: ModelPreset) -> None:
+    assert preset.bundled_weights is not None
+    bundle = loading.BUNDLED_ROOT / preset.bundled_weights
+    results = components.verify_checkpoint(preset, bundle)
     assert all(isinstance(r, loading.KeyReport) and r.ok for r in results.values()), results
-    total = sum(p.stat().st_size for p in BUNDLE.rglob("*") if p.is_file())
+    total = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
     assert total < 30 * 2**20, f"bundled weights are {total / 2**20:.1f} MiB"
-    card = json.loads((BUNDLE / loading.MODEL_CARD).read_text())
-    assert card["preset"] == "gridworld" and card["training"]["dit"]["steps"] > 0
+    card = json.loads((bundle / loading.MODEL_CARD).read_text())
+    assert card["preset"] == preset.name and card["training"]["dit"]["steps"] > 0
+    assert card["evaluation"]["headline"]["controllability"] > 0.5, "the card's figures are not a trained model's"
 
 
 def test_missing_bundled_weights_say_how_to_get_them() -> None:
@@ -52,9 +65,13 @@ def test_missing_bundled_weights_say_how_to_get_them() -> None:
         loading.checkpoint_dir_for(replace(GRIDWORLD, bundled_weights="not-there"), None)
 
 
-def test_generation_is_deterministic_and_not_degenerate(engine: SerialEngine, world: World) -> None:
-    start = ClipSpec.for_preset(GRIDWORLD)
-    image = world.render(world.start_pose(), start.intrinsics, GRIDWORLD.height_px, GRIDWORLD.width_px)
+@pytest.mark.parametrize("preset", EMBEDDED)
+def test_generation_is_deterministic_and_not_degenerate(
+    preset: ModelPreset, engines: dict[str, SerialEngine], world: World
+) -> None:
+    engine = _engine(engines, preset)
+    start = ClipSpec.for_preset(preset)
+    image = world.render(world.start_pose(), start.intrinsics, preset.height_px, preset.width_px)
     a = _generate(engine, image, ["w"], chunks=2)
     b = _generate(engine, image, ["w"], chunks=2)
     assert np.array_equal(a, b)
@@ -63,7 +80,10 @@ def test_generation_is_deterministic_and_not_degenerate(engine: SerialEngine, wo
     assert psnr_db(a[-1:], a[:1])[0] < 30.0, "walking forward did not change the view"
 
 
-def test_turning_left_looks_like_the_renderers_left_view(engine: SerialEngine, world: World) -> None:
+def test_turning_left_looks_like_the_renderers_left_view(engines: dict[str, SerialEngine], world: World) -> None:
+    # The default's promise only: gridworld-4x's noisier frames sit no closer to the left view than
+    # to the right one here (14.0 against 14.2 dB), which is part of why it is not the default.
+    engine = _engine(engines, GRIDWORLD)
     spec = ClipSpec.for_preset(GRIDWORLD)
     state = world.start_state()
     image = world.render(world.start_pose(), spec.intrinsics, GRIDWORLD.height_px, GRIDWORLD.width_px)

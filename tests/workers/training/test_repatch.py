@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from workers.controls import ChunkControl
 from workers.models import loading
 from workers.models.camera import CameraTrack
-from workers.models.presets import GRIDWORLD, GRIDWORLD_4X
+from workers.models.presets import GRIDWORLD, GRIDWORLD_4X, TINY
 from workers.training.__main__ import _init_dir
 from workers.training.dit_train import new_dit, warm_start
 from workers.training.repatch import LATENT_SPACE_KEYS, camera_pixel_order
@@ -61,5 +61,6 @@ def test_a_repatched_warm_start_keeps_the_camera_path_and_blocks(tmp_path: Path)
 
 def test_dit_init_names_a_preset_whose_shipped_weights_start_the_run() -> None:
     assert _init_dir("--dit-init", "gridworld", GRIDWORLD_4X) == loading.checkpoint_dir_for(GRIDWORLD, None)
+    assert _init_dir("--dit-init", "bundled", GRIDWORLD_4X) == loading.checkpoint_dir_for(GRIDWORLD_4X, None)
     with pytest.raises(SystemExit, match="ships no weights"):
-        _init_dir("--dit-init", "bundled", GRIDWORLD_4X)
+        _init_dir("--dit-init", "bundled", TINY)
