@@ -439,7 +439,7 @@ def record_in_card(card_path: Path, report: dict) -> None:
     """Put an EVAL report's headline figures into a model card."""
     card = json.loads(card_path.read_text())
     card["evaluation"] = {
-        "command": "python -m benchmarks.world_eval --out EVAL.json",
+        "command": f"python -m benchmarks.world_eval --model {report['preset']} --out EVAL.json",
         "walks": len(report["walking"]["walks"]),
         "controllability_trials": report["controllability"]["trials"],
         "headline": report["headline"],
