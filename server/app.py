@@ -22,7 +22,7 @@ import numpy as np
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -45,6 +45,7 @@ from server.errors import (
     UnknownScene,
     http_status,
 )
+from server.growing_file import growing_file_response
 from server.ice import host_addresses, keep_local_candidates, use_loopback_candidates, use_udp_port_range
 from server.lifecycle import WORKER_GRACE_S, Phase
 from server.memory import MemoryReclaimer, freeze_startup_objects
@@ -521,14 +522,15 @@ def create_app(settings: Settings) -> FastAPI:
         return Response(body, media_type="application/json", headers={"Content-Disposition": disposition})
 
     @app.get("/v1/sessions/{session_id}/video.mp4")
-    async def get_video(session: Annotated[ServerSession, Depends(session_for)]) -> FileResponse:
+    async def get_video(session: Annotated[ServerSession, Depends(session_for)]) -> StreamingResponse:
         """The frames as generated (not as streamed), as an MP4 that plays while the session runs."""
         if not settings.record:
             raise NotFound("this server keeps no recordings (WORLDRTC_RECORD=false)")
         path = session.video_path()
         if path is None or not path.is_file():
             raise NotFound(f"session {session.id} has no video (not started, or removed to keep the quota)")
-        return FileResponse(path, media_type="video/mp4", filename=f"worldrtc-{session.id}.mp4")
+        # The recorder may append a fragment while this is sent: serve the file as it is now.
+        return growing_file_response(path, "video/mp4", f"worldrtc-{session.id}.mp4")
 
     @app.delete("/v1/sessions/{session_id}", response_model=SessionInfo)
     async def delete_session(session: Annotated[ServerSession, Depends(session_for)]) -> dict[str, Any]:
