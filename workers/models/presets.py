@@ -200,7 +200,7 @@ GRIDWORLD_4X = replace(
     # those kernels from the 3-frame ones (workers/training/decoder_tune.py).
     vae=replace(GRIDWORLD.vae, dim_mult=(1, 2, 4), temporal_downsample=(True, True), decoder_full_res_kernel_t=1),
     weights_note="trained here like gridworld, with a sharper VAE; its frames are noisier and it follows "
-    "keys about 17 times in 20 (README: Training that outlives the machine)",
+    "keys about 9 times in 10 (README: Training that outlives the machine)",
     tags=("cpu", "embedded"),
     bundled_weights="gridworld-4x",
 )
