@@ -32,6 +32,12 @@ def parse_args(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--dispatch", choices=[d.value for d in DispatchPolicy], help="when chunks start (default jit)")
     p.add_argument("--placement", help="placement preset or .json (default cpu)")
     p.add_argument("--checkpoint-dir", help="checkpoint directory (default: the preset's built-in weights)")
+    p.add_argument(
+        "--random-weights",
+        action="store_true",
+        default=None,
+        help="seeded random weights for a preset that runs on released ones (timing and memory; the frames are noise)",
+    )
     p.add_argument("--attention", choices=[b.value for b in AttentionBackend], help="DiT attention kernel (auto)")
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the DiT blocks at warm-up")
     p.add_argument("--deterministic", action="store_true", default=None, help="deterministic algorithms (slower)")
@@ -53,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(log_level, str(overrides.pop("_log_format")))
     try:
         settings = Settings(**overrides)  # type: ignore[arg-type]
-        if settings.model in PRESETS:
+        if settings.model in PRESETS and not settings.random_weights:
             # Names only, before torch loads: a preset without its weights fails in a fraction of a second.
             require_checkpoint(PRESETS[settings.model], settings.checkpoint_dir)
     except (ValidationError, ValueError) as exc:

@@ -109,6 +109,7 @@ class AppState:
             max_sessions=settings.max_sessions,
             checkpoint_dir=settings.checkpoint_dir,
             weights_seed=settings.weights_seed,
+            random_weights=settings.random_weights,
             synthetic=synthetic,
             kernels=settings.kernels,
             snapshot_budget=SnapshotBudget(

@@ -35,6 +35,9 @@ class Settings(BaseSettings):
     placement: str = "cpu"
     checkpoint_dir: str | None = None
     weights_seed: int = 0
+    # Seeded random weights for a preset that runs on released ones: its real shapes, timing and
+    # memory on a machine without the checkpoint (the frames are noise). Excludes checkpoint_dir.
+    random_weights: bool = False
     # DiT kernels (workers/models/kernels.py): attention backend, torch.compile, deterministic mode.
     attention: AttentionBackend = AttentionBackend.AUTO
     compile: bool = False
@@ -151,6 +154,12 @@ class Settings(BaseSettings):
                 f"binding {self.host} exposes the server beyond this machine: set WORLDRTC_API_TOKEN "
                 "(or --api-token), or bind 127.0.0.1"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _one_weights_source(self) -> Settings:
+        if self.random_weights and self.checkpoint_dir is not None:
+            raise ValueError("--random-weights and --checkpoint-dir exclude each other: choose one")
         return self
 
     @model_validator(mode="after")

@@ -50,4 +50,14 @@ def test_the_rehearsal_runs_every_step_a_cpu_can(tmp_path) -> None:
     assert matrix_game["chunk_s"] == pytest.approx(0.48) and matrix_game["period_over_chunk"] > 0
     for worker, m in matrix_game["memory"].items():
         assert abs(m["plan_error"]) <= 0.2, (worker, m)
+    # Batching sessions, rehearsed on the tiny fixtures: per session-chunk time against batch 1.
+    batching = steps["dit_batching"]["figures"]
+    assert set(batching) == {"tiny", "matrix-game-2-tiny"}
+    for rows in batching.values():
+        assert set(rows) == {"batch1", "batch2"} and rows["batch1"]["speedup_vs_batch1"] == 1.0
+        assert rows["batch2"]["per_session_chunk_s"] > 0
+    # Matrix-Game through the real server to an aiortc client.
+    live = steps["matrix_game_live"]["figures"]
+    assert live["first_frame_s"] > 0 and live["chunk_s"] == pytest.approx(0.48) and live["period_over_chunk"] > 0
+    assert live["client_unique_fps"] > 0
     assert "summary:" in done.stdout and "dit_2rank: ok" in done.stdout
