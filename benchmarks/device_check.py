@@ -91,13 +91,16 @@ class Failed(Exception):
 
 
 class Check:
-    def __init__(self, out: Path, target: Target) -> None:
+    def __init__(self, out: Path, target: Target, only: frozenset[str] = frozenset()) -> None:
         self.out = out
         self.target = target
+        self.only = only  # empty: every step
         self.steps: dict[str, Step] = {}
         self.started = time.perf_counter()
 
     def run(self, name: str, fn: Callable[[], dict[str, Any]]) -> None:
+        if self.only and name not in self.only:
+            return
         print(f"== {name}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         step = Step()
@@ -326,12 +329,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.device_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("runs/device"))
     p.add_argument("--rehearse", action="store_true", help="run what a CPU can, skip the CUDA-only steps")
+    p.add_argument("--steps", default="", help="comma-separated steps to run (default: all), e.g. to rerun failed ones")
     args = p.parse_args(argv)
     gpus = torch.cuda.device_count()
     if not args.rehearse and gpus == 0:
         p.error("no CUDA device here; --rehearse runs the steps a CPU can")
     args.out.mkdir(parents=True, exist_ok=True)
-    check = Check(args.out, Target(args.rehearse, 0 if args.rehearse else gpus))
+    only = frozenset(s for s in args.steps.split(",") if s)
+    check = Check(args.out, Target(args.rehearse, 0 if args.rehearse else gpus), only)
 
     check.run("gpu_tests", lambda: gpu_tests(check))
     check.run("channel", lambda: channel(check))
