@@ -18,8 +18,9 @@ from server.dispatch import DispatchPolicy
 from server.logs import configure_logging
 from server.settings import Settings
 from workers.models.attention_backend import AttentionBackend
-from workers.models.checkpoint_files import require_checkpoint
-from workers.models.presets import DEFAULT_PRESET, PRESETS
+from workers.models.hub import FetchPlan
+from workers.models.presets import DEFAULT_PRESET, PRESETS, ModelPreset
+from workers.models.resolve import resolve_weights
 
 
 def parse_args(argv: list[str] | None = None) -> dict[str, object]:
@@ -31,7 +32,11 @@ def parse_args(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--synthetic-geometry", help="synthetic model: preset whose tensor shapes flow (default 14B)")
     p.add_argument("--dispatch", choices=[d.value for d in DispatchPolicy], help="when chunks start (default jit)")
     p.add_argument("--placement", help="placement preset or .json (default cpu)")
-    p.add_argument("--checkpoint-dir", help="checkpoint directory (default: the preset's built-in weights)")
+    p.add_argument(
+        "--checkpoint-dir",
+        help="the release's directory as published (default: built-in weights, or the Hugging Face cache)",
+    )
+    p.add_argument("--assets-dir", help="VAE, umT5 and tokenizer for a DiT-only --checkpoint-dir (the 14B release)")
     p.add_argument(
         "--random-weights",
         action="store_true",
@@ -60,11 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = Settings(**overrides)  # type: ignore[arg-type]
         if settings.model in PRESETS and not settings.random_weights:
-            # Names only, before torch loads: a preset without its weights fails in a fraction of a second.
-            require_checkpoint(PRESETS[settings.model], settings.checkpoint_dir)
+            settings = with_weights(settings, PRESETS[settings.model])
     except (ValidationError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("worldrtc: interrupted; the same command resumes the download", file=sys.stderr)
+        return 130
     import uvicorn
 
     from server.app import create_app
@@ -90,6 +97,30 @@ def main(argv: list[str] | None = None) -> int:
         why = state.engine.fatal_error or state.load_error or "see the log above"
         print(f"worldrtc: stopped with an engine failure: {why}", file=sys.stderr, flush=True)
     return code
+
+
+def with_weights(settings: Settings, preset: ModelPreset) -> Settings:
+    """Settings whose checkpoint_dir is the one directory the workers load (workers/models/resolve.py):
+    names are checked before torch loads, so a preset without its weights fails in a fraction of a
+    second; files missing from the Hugging Face cache are downloaded once the placement is known to
+    fit this machine."""
+
+    def placement_fits(plan: FetchPlan) -> None:
+        from workers.runtime.memory_plan import check_fits, machine_capacity
+        from workers.runtime.placement import get_placement
+
+        placement = get_placement(settings.placement)
+        placement.validate_for(preset)  # the devices it names are on this machine
+        capacity = machine_capacity(settings.device_memory_gib, settings.host_memory_gib)
+        check_fits(preset, placement, settings.max_sessions, capacity, settings.kernels)
+
+    path = resolve_weights(
+        preset, settings.checkpoint_dir, settings.assets_dir, download=True, before_download=placement_fits
+    )
+    if path is None or str(path) == settings.checkpoint_dir:
+        return settings
+    print(f"worldrtc: {preset.name} weights in {path}", flush=True)
+    return settings.model_copy(update={"checkpoint_dir": str(path), "assets_dir": None})
 
 
 def exit_now(code: int) -> None:

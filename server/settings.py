@@ -33,7 +33,11 @@ class Settings(BaseSettings):
     stage_ms: str | None = None  # synthetic model: "encode,dit,decode" hold times in ms
     synthetic_geometry: str | None = None  # synthetic model: the preset whose tensor shapes flow
     placement: str = "cpu"
+    # The release's directory as published; without it a released preset resolves its files through
+    # the Hugging Face cache (workers/models/resolve.py). assets_dir: where a DiT-only release's VAE,
+    # umT5 and tokenizer are (the 1.3B takes the 14B's).
     checkpoint_dir: str | None = None
+    assets_dir: str | None = None
     weights_seed: int = 0
     # Seeded random weights for a preset that runs on released ones: its real shapes, timing and
     # memory on a machine without the checkpoint (the frames are noise). Excludes checkpoint_dir.
@@ -158,8 +162,10 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _one_weights_source(self) -> Settings:
-        if self.random_weights and self.checkpoint_dir is not None:
+        if self.random_weights and (self.checkpoint_dir is not None or self.assets_dir is not None):
             raise ValueError("--random-weights and --checkpoint-dir exclude each other: choose one")
+        if self.assets_dir is not None and self.checkpoint_dir is None:
+            raise ValueError("--assets-dir completes a --checkpoint-dir that holds a DiT alone: pass both")
         return self
 
     @model_validator(mode="after")

@@ -1,7 +1,8 @@
 """Inspect presets and checkpoints without allocating weights.
 
 python -m workers.models describe PRESET [--json]
-python -m workers.models verify PRESET --checkpoint DIR    (released or diffusers layout, named first)
+python -m workers.models verify PRESET [--checkpoint-dir DIR [--assets-dir DIR]]
+    (released or diffusers layout, named first; without a directory, the Hugging Face cache)
 python -m workers.models plan PRESET --placement P --max-sessions N [--device-gib 80] [--json]
 python -m workers.models plan PRESET --placement P --fit-gib 24,48,80    (sessions that fit per card size)
 """
@@ -17,9 +18,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from workers.families.family import family_for
-from workers.models.checkpoint_files import detect_layout
+from workers.models.checkpoint_files import CheckpointMissing, detect_layout
 from workers.models.loading import KeyReport, state_shapes
 from workers.models.presets import PRESETS, ModelPreset, get_preset
+from workers.models.resolve import resolve_weights
+from workers.models.weights_dir import compose
 
 if TYPE_CHECKING:
     from workers.models.kernels import KernelConfig
@@ -56,9 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("describe", help="shapes and parameter counts of a preset")
     d.add_argument("preset", choices=sorted(PRESETS))
     d.add_argument("--json", action="store_true", help="print the full description as JSON")
-    v = sub.add_parser("verify", help="check a checkpoint directory (released or diffusers layout) against a preset")
+    v = sub.add_parser(
+        "verify",
+        help="check a preset's weights against its shapes, from their headers: a directory (released or "
+        "diffusers layout), else the Hugging Face cache (nothing is downloaded)",
+    )
     v.add_argument("preset", choices=sorted(PRESETS))
-    v.add_argument("--checkpoint", type=Path, required=True)
+    v.add_argument("--checkpoint-dir", "--checkpoint", dest="checkpoint", type=Path, default=None)
+    v.add_argument("--assets-dir", type=Path, default=None, help="VAE, umT5 and tokenizer for a DiT-only directory")
     pl = sub.add_parser("plan", help="memory per worker and device for a placement (workers/runtime/memory_plan.py)")
     pl.add_argument("preset", choices=sorted(PRESETS))
     pl.add_argument("--placement", default="cpu", help="a named placement or a placement .json")
@@ -86,13 +94,29 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {component:>4}: {_human(count)} parameters ({count:,})")
         return 0
 
-    if not args.checkpoint.is_dir():
-        print(f"error: {args.checkpoint} is not a directory", file=sys.stderr)
+    return _verify(get_preset(args.preset), args.checkpoint, args.assets_dir)
+
+
+def _verify(preset: ModelPreset, checkpoint: Path | None, assets: Path | None) -> int:
+    if checkpoint is not None and not checkpoint.is_dir():
+        print(f"error: {checkpoint} is not a directory", file=sys.stderr)
         return 1
-    preset = get_preset(args.preset)
+    try:
+        if checkpoint is None:  # the Hugging Face cache: missing files are named with the command that fetches them
+            directory = resolve_weights(preset, None, assets, download=False)
+        else:  # every component is checked below, missing files included
+            directory = checkpoint if assets is None else compose(checkpoint, assets)
+    except (CheckpointMissing, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if directory is None:
+        print(f"{preset.name}: {preset.weights_note}; nothing to verify")
+        return 0
+    if checkpoint is None:
+        print(f"weights: {directory} (the Hugging Face cache)")
     if preset.matrix_game is None:  # the Matrix-Game release has one layout
-        print(f"layout: {detect_layout(args.checkpoint).describe()}")
-    results = family_for(preset).verify(preset, args.checkpoint)
+        print(f"layout: {detect_layout(directory).describe()}")
+    results = family_for(preset).verify(preset, directory)
     ok = True
     for component, result in results.items():
         if isinstance(result, KeyReport) and result.ok:

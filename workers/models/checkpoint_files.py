@@ -10,12 +10,20 @@ diffusers layout, any other in the released one. A Matrix-Game preset reads the 
 release directory (workers/models/matrix_game/variants.py lists its files).
 
 Released layout:
-    <dir>/transformers/model-0000k-of-0000n.safetensors + model.safetensors.index.json   (DiT)
+    <dir>/transformers/<any>.safetensors.index.json + the shards its weight_map names   (DiT)
     <dir>/Wan2.1_VAE.pth                                                                (VAE)
     <dir>/models_t5_umt5-xxl-enc-bf16.pth                                               (umT5)
     <dir>/google/umt5-xxl/tokenizer.json                                                (tokenizer)
-The VAE and umT5 may also be safetensors files (`vae.safetensors`, `text_encoder.safetensors`),
-as the bundled weights are; a single DiT file is `transformers/model.safetensors`.
+The LingBot-World v2 14B release names its DiT index `diffusion_pytorch_model.safetensors.index.json`
+beside shards `model-0000k-of-00008.safetensors`; other loaders and the bundled weights use
+`model.safetensors.index.json` or one `model.safetensors`. A folder's index is therefore found by
+its suffix, whatever its stem, and its `weight_map` names the shards (two indexes that disagree are
+refused); without an index, a folder's one `*.safetensors` file is the component. The VAE and umT5
+may also be safetensors files (`vae.safetensors`, `text_encoder.safetensors`), as the bundled weights are.
+
+A release that ships its DiT alone (LingBot-World v2 1.3B: an index and six shards at its root) is
+completed by an assets directory holding the rest (the 14B release's VAE, umT5 and tokenizer):
+workers/models/weights_dir.py composes the two into one directory of this layout.
 
 Diffusers layout (how Hugging Face pipelines are saved; the stored names differ, and
 workers/models/diffusers_layout.py maps them to the released ones):
@@ -38,8 +46,9 @@ from workers.models.matrix_game.variants import CLIP_FILE
 from workers.models.presets import ModelPreset
 
 DIT_SUBDIR = "transformers"
-DIT_INDEX = "model.safetensors.index.json"
+DIT_INDEX = "model.safetensors.index.json"  # the name this project writes (bundled weights, fixtures)
 DIT_SINGLE = "model.safetensors"
+INDEX_SUFFIX = ".safetensors.index.json"
 VAE_FILE = "Wan2.1_VAE.pth"
 T5_FILE = "models_t5_umt5-xxl-enc-bf16.pth"
 VAE_SAFETENSORS = "vae.safetensors"
@@ -72,46 +81,103 @@ def detect_layout(checkpoint_dir: Path) -> Layout:
 
 @dataclass(frozen=True)
 class DiffusersComponent:
-    """One component's folder in the diffusers layout and the stem of its safetensors file names."""
+    """One component's folder in the diffusers layout (its files are found as in any folder:
+    diffusers names them `diffusion_pytorch_model*`, transformers `model*`)."""
 
     role: str  # as error messages name it
     folder: str
-    stem: str  # diffusers saves `diffusion_pytorch_model`, transformers `model`
-
-    @property
-    def single(self) -> str:
-        return f"{self.stem}.safetensors"
-
-    @property
-    def index(self) -> str:
-        return f"{self.stem}.safetensors.index.json"
 
 
-DIFFUSERS_DIT = DiffusersComponent("DiT", "transformer", "diffusion_pytorch_model")
-DIFFUSERS_VAE = DiffusersComponent("VAE", "vae", "diffusion_pytorch_model")
-DIFFUSERS_T5 = DiffusersComponent("umT5", "text_encoder", "model")
+DIFFUSERS_DIT = DiffusersComponent("DiT", "transformer")
+DIFFUSERS_VAE = DiffusersComponent("VAE", "vae")
+DIFFUSERS_T5 = DiffusersComponent("umT5", "text_encoder")
 
 
 def index_shards(index: Path) -> list[str]:
     """The shard file names a safetensors index names, each once, sorted."""
+    return sorted(set(_weight_map(index).values()))
+
+
+def _weight_map(index: Path) -> dict[str, str]:
     try:
         weight_map = json.loads(index.read_text())["weight_map"]
-        return sorted(set(weight_map.values()))
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise ValueError(f"{index} is unreadable: expected a JSON object with a weight_map; fetch it again") from None
+    except (ValueError, KeyError, TypeError):
+        weight_map = None
+    if not isinstance(weight_map, dict):
+        raise ValueError(f"{index} is unreadable: expected a JSON object with a weight_map; fetch it again")
+    return weight_map
 
 
-def safetensors_files(folder: Path, single: str, index: str, role: str) -> list[Path]:
-    """A component's safetensors files: the shards its index names, else its single file."""
-    if (folder / index).is_file():
-        return [folder / name for name in index_shards(folder / index)]
-    if (folder / single).is_file():
-        return [folder / single]
-    raise FileNotFoundError(f"no {role} weights: expected {folder / index} (sharded) or {folder / single}")
+def find_index(folder: Path) -> Path | None:
+    """The folder's safetensors index, whatever its stem (`model`, `diffusion_pytorch_model`, …).
+
+    Several are accepted when their weight maps agree (a copy under another name); two that name
+    other shards are refused, naming both, since loading either would be a guess.
+    """
+    indexes = sorted(folder.glob(f"*{INDEX_SUFFIX}"))
+    if not indexes:
+        return None
+    first = _weight_map(indexes[0])
+    for other in indexes[1:]:
+        if _weight_map(other) != first:
+            raise ValueError(
+                f"{folder} holds two safetensors indexes that disagree: {indexes[0].name} and {other.name}; "
+                "remove the one that does not belong to these shards"
+            )
+    return indexes[0]
+
+
+def component_files(folder: Path, role: str) -> list[Path]:
+    """A component's safetensors files: the shards its index names, else the folder's one file."""
+    index = find_index(folder) if folder.is_dir() else None
+    if index is not None:
+        return [folder / name for name in index_shards(index)]
+    singles = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    if len(singles) == 1:
+        return singles
+    if singles:
+        names = ", ".join(p.name for p in singles)
+        raise ValueError(f"{folder} holds {len(singles)} {role} safetensors files ({names}) and no index naming them")
+    raise FileNotFoundError(
+        f"no {role} weights: expected {folder}/*{INDEX_SUFFIX} with its shards, or one {folder}/*.safetensors"
+    )
+
+
+def missing_component_files(checkpoint_dir: Path, folder: str, role: str) -> list[str]:
+    """What `component_files` would need in `<checkpoint_dir>/<folder>` and cannot find, relative paths."""
+    path = checkpoint_dir / folder
+    try:
+        index = find_index(path) if path.is_dir() else None
+    except ValueError as exc:
+        return [f"{folder}/ ({exc})"]
+    if index is not None:
+        try:
+            return [f"{folder}/{s}" for s in index_shards(index) if not (path / s).is_file()]
+        except ValueError:
+            return [f"{folder}/{index.name} (unreadable: no weight_map)"]
+    singles = sorted(path.glob("*.safetensors")) if path.is_dir() else []
+    if len(singles) == 1:
+        return []
+    if singles:
+        return [f"{folder}/*{INDEX_SUFFIX} (it holds {len(singles)} safetensors files and no index)"]
+    return [f"{folder}/*{INDEX_SUFFIX} and its shards (the {role})"]
 
 
 def diffusers_files(checkpoint_dir: Path, component: DiffusersComponent) -> list[Path]:
-    return safetensors_files(checkpoint_dir / component.folder, component.single, component.index, component.role)
+    return component_files(checkpoint_dir / component.folder, component.role)
+
+
+def dit_files(checkpoint_dir: Path) -> list[Path]:
+    """The DiT's safetensors files in the released layout."""
+    return component_files(checkpoint_dir / DIT_SUBDIR, "DiT")
+
+
+def holds_dit_only(directory: Path) -> bool:
+    """A DiT-only release (LingBot-World v2 1.3B): an index at its root, and no VAE beside it."""
+    try:
+        return find_index(directory) is not None and not (directory / VAE_FILE).is_file()
+    except ValueError:
+        return False
 
 
 def tokenizer_path(checkpoint_dir: Path) -> Path:
@@ -141,18 +207,7 @@ def missing_files(preset: ModelPreset, checkpoint_dir: Path) -> list[str]:
         return [name for name in matrix_game_files(preset) if not (checkpoint_dir / name).is_file()]
     if detect_layout(checkpoint_dir) is Layout.DIFFUSERS:
         return _missing_diffusers_files(preset, checkpoint_dir)
-    missing = []
-    dit = checkpoint_dir / DIT_SUBDIR
-    index = dit / DIT_INDEX
-    if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, AttributeError):
-            shards = []
-            missing.append(f"{DIT_SUBDIR}/{DIT_INDEX} (unreadable: no weight_map)")
-        missing += [f"{DIT_SUBDIR}/{s}" for s in shards if not (dit / s).is_file()]
-    elif not (dit / DIT_SINGLE).is_file():
-        missing.append(f"{DIT_SUBDIR}/{DIT_INDEX} and its shards")
+    missing = missing_component_files(checkpoint_dir, DIT_SUBDIR, "DiT")
     for pth, st in ((VAE_FILE, VAE_SAFETENSORS), (T5_FILE, T5_SAFETENSORS)):
         if not (checkpoint_dir / pth).is_file() and not (checkpoint_dir / st).is_file():
             missing.append(pth)
@@ -165,18 +220,10 @@ def missing_files(preset: ModelPreset, checkpoint_dir: Path) -> list[str]:
 def _missing_diffusers_files(preset: ModelPreset, checkpoint_dir: Path) -> list[str]:
     missing = []
     for component in (DIFFUSERS_DIT, DIFFUSERS_VAE, DIFFUSERS_T5):
-        folder = checkpoint_dir / component.folder
-        if not folder.is_dir():
+        if not (checkpoint_dir / component.folder).is_dir():
             missing.append(f"{component.folder}/ (the {component.role} folder)")
-        elif (folder / component.index).is_file():
-            try:
-                shards = index_shards(folder / component.index)
-            except ValueError:
-                missing.append(f"{component.folder}/{component.index} (unreadable: no weight_map)")
-                continue
-            missing += [f"{component.folder}/{s}" for s in shards if not (folder / s).is_file()]
-        elif not (folder / component.single).is_file():
-            missing.append(f"{component.folder}/{component.single} (or {component.index} and its shards)")
+        else:
+            missing += missing_component_files(checkpoint_dir, component.folder, component.role)
     tokenizer = f"{DIFFUSERS_TOKENIZER_DIR}/{TOKENIZER_FILE}"
     if preset.t5 is not None and preset.t5.tokenizer == "umt5" and not (checkpoint_dir / tokenizer).is_file():
         missing.append(tokenizer)
@@ -194,7 +241,7 @@ def require_checkpoint(preset: ModelPreset, checkpoint_dir: str | Path | None) -
         if needs_checkpoint(preset):
             raise CheckpointMissing(
                 f"{preset.name} runs on its released weights: pass --checkpoint-dir DIR, a directory holding "
-                f"{DIT_SUBDIR}/ (safetensors shards and {DIT_INDEX}), {VAE_FILE}, "
+                f"{DIT_SUBDIR}/ (safetensors shards and their *{INDEX_SUFFIX}), {VAE_FILE}, "
                 f"{T5_FILE} and {TOKENIZER_DIR}/{TOKENIZER_FILE} (the released layout), or {MODEL_INDEX} beside "
                 f"{DIFFUSERS_DIT.folder}/, {DIFFUSERS_VAE.folder}/, {DIFFUSERS_T5.folder}/ and "
                 f"{DIFFUSERS_TOKENIZER_DIR}/ (the diffusers layout)"
@@ -209,4 +256,12 @@ def require_checkpoint(preset: ModelPreset, checkpoint_dir: str | Path | None) -
         # Named for the diffusers layout only: a stray model_index.json is what would make a released
         # directory's files look missing.
         layout = f" (diffusers layout: it holds {MODEL_INDEX})" if detect_layout(path) is Layout.DIFFUSERS else ""
-        raise CheckpointMissing(f"--checkpoint-dir {path}{layout} is incomplete for {preset.name}; missing: {listed}")
+        hint = (
+            "; it holds a DiT alone, as a DiT-only release does: pass --assets-dir DIR, a directory with "
+            f"{VAE_FILE}, {T5_FILE} and {TOKENIZER_DIR}/ (the 14B release)"
+            if holds_dit_only(path)
+            else ""
+        )
+        raise CheckpointMissing(
+            f"--checkpoint-dir {path}{layout} is incomplete for {preset.name}; missing: {listed}{hint}"
+        )

@@ -65,7 +65,7 @@ from workers.models.checkpoint_files import (  # noqa: F401 - the layout's names
     Layout,
     detect_layout,
     diffusers_files,
-    safetensors_files,
+    dit_files,
 )
 from workers.models.presets import ModelPreset, VAEConfig
 
@@ -395,7 +395,7 @@ def dit_shards(checkpoint_dir: Path) -> list[Path]:
     """The DiT's safetensors files, in either layout."""
     if detect_layout(checkpoint_dir) is Layout.DIFFUSERS:
         return diffusers_files(checkpoint_dir, DIFFUSERS_DIT)
-    return safetensors_files(checkpoint_dir / DIT_SUBDIR, DIT_SINGLE, DIT_INDEX, "DiT")
+    return dit_files(checkpoint_dir)
 
 
 def dit_source(checkpoint_dir: Path) -> SafetensorsSource | RenamedSource:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from workers.controls import CAMERA_VOCABULARY, ControlVocabulary
 from workers.models.configs import DiTConfig, Family, ScheduleKind, SigmaRule, T5Config, VAEConfig
+from workers.models.hub_files import LINGBOT_1_3B_HUB, LINGBOT_14B_HUB, HubWeights, matrix_game_hub
 from workers.models.matrix_game.variants import (
     GTA_VARIANT,
     TEMPLERUN_VARIANT,
@@ -47,11 +48,14 @@ class ModelPreset:
     translation_scale: float = 3.0
     # The keys and look this family's control adapter turns into model input (GET /v1/model `accepts`).
     controls: ControlVocabulary = CAMERA_VOCABULARY
-    weights_note: str = "official checkpoint (load with --checkpoint)"
+    weights_note: str = "released weights (the Hugging Face cache, or --checkpoint-dir)"
     tags: tuple[str, ...] = field(default_factory=tuple)
     # Weights that ship inside the package (a directory under workers/models/weights/), loaded when
     # no checkpoint directory is given; None: random weights unless a checkpoint is passed.
     bundled_weights: str | None = None
+    # Released weights on the Hugging Face Hub (workers/models/hub_files.py): what `worldrtc fetch`
+    # downloads and what a start without --checkpoint-dir resolves through the cache.
+    hub: HubWeights | None = None
     # A Matrix-Game preset's variant (action DiT, key mapping, CLIP tower, released files); None for
     # the LingBot-World family. It decides `family`.
     matrix_game: MatrixGameVariant | None = None
@@ -110,9 +114,10 @@ LINGBOT_14B = ModelPreset(
     height_px=480,
     width_px=832,
     tags=("gpu",),
+    hub=LINGBOT_14B_HUB,
 )
 
-# Wan 1.3B shape; DiT only, reusing the 14B release's T5 and VAE. Inferred until released.
+# Wan 1.3B shape; DiT only, reusing the 14B release's T5 and VAE.
 LINGBOT_1_3B = ModelPreset(
     name="lingbot-world-v2-1.3b",
     dit=DiTConfig(dim=1536, ffn_dim=8960, num_layers=30, num_heads=12),
@@ -121,6 +126,7 @@ LINGBOT_1_3B = ModelPreset(
     height_px=480,
     width_px=832,
     tags=("gpu",),
+    hub=LINGBOT_1_3B_HUB,
 )
 
 TINY = ModelPreset(
@@ -206,7 +212,9 @@ GRIDWORLD_4X = replace(
 )
 
 
-def _matrix_game(name: str, variant: MatrixGameVariant, steps: tuple[int, ...], **kw: object) -> ModelPreset:
+def _matrix_game(
+    name: str, variant: MatrixGameVariant, steps: tuple[int, ...], dit_bytes: int = 0, **kw: object
+) -> ModelPreset:
     """A Matrix-Game 2.0 preset: 352 × 640 at 25 FPS, 3-latent-frame chunks (9 video frames first,
     then 12 = 0.48 s), the window of its variant and no sink; Self-Forcing sampling at shift 5 on the
     release's steps, written as t in 1000…0 (row 1000 − t of the table, workers/models/sampler.py)."""
@@ -215,8 +223,9 @@ def _matrix_game(name: str, variant: MatrixGameVariant, steps: tuple[int, ...], 
         "vae": VAEConfig(),
         "height_px": 352,
         "width_px": 640,
-        "weights_note": "released Matrix-Game 2.0 weights (load with --checkpoint)",
+        "weights_note": "released Matrix-Game 2.0 weights (the Hugging Face cache, or --checkpoint-dir)",
         "tags": ("gpu",),
+        "hub": matrix_game_hub(variant.dit_file, dit_bytes),
     } | kw
     return ModelPreset(
         name=name,
@@ -234,9 +243,9 @@ def _matrix_game(name: str, variant: MatrixGameVariant, steps: tuple[int, ...], 
     )
 
 
-MATRIX_GAME_UNIVERSAL = _matrix_game("matrix-game-2-universal", UNIVERSAL_VARIANT, (1000, 666, 333))
-MATRIX_GAME_GTA = _matrix_game("matrix-game-2-gta", GTA_VARIANT, (1000, 666, 333))
-MATRIX_GAME_TEMPLERUN = _matrix_game("matrix-game-2-templerun", TEMPLERUN_VARIANT, (1000, 750, 500, 250))
+MATRIX_GAME_UNIVERSAL = _matrix_game("matrix-game-2-universal", UNIVERSAL_VARIANT, (1000, 666, 333), 6_480_000_000)
+MATRIX_GAME_GTA = _matrix_game("matrix-game-2-gta", GTA_VARIANT, (1000, 666, 333), 6_480_000_000)
+MATRIX_GAME_TEMPLERUN = _matrix_game("matrix-game-2-templerun", TEMPLERUN_VARIANT, (1000, 750, 500, 250), 6_030_000_000)
 # The fixture: Matrix-Game's structure with random weights and a small VAE at a quarter of the
 # release's area (176 × 320), so the whole stack runs through the real server on a CPU in tests.
 MATRIX_GAME_TINY = _matrix_game(
@@ -248,6 +257,7 @@ MATRIX_GAME_TINY = _matrix_game(
     width_px=320,
     weights_note="random weights (seeded): the output is not a trained world",
     tags=("cpu", "random-weights"),
+    hub=None,
 )
 
 DEFAULT_PRESET = GRIDWORLD.name

@@ -104,7 +104,9 @@ def test_dit_weights_are_converted_to_the_target_dtype(tmp_path, tiny_checkpoint
 
 
 def test_missing_dit_weights_is_file_not_found(tmp_path) -> None:
-    with pytest.raises(FileNotFoundError, match=r"model\.safetensors"):
+    with pytest.raises(
+        FileNotFoundError, match=r"no DiT weights: expected .*transformers/\*\.safetensors\.index\.json"
+    ):
         components.load_dit(TINY, CPU, tmp_path)
 
 
