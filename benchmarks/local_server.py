@@ -72,11 +72,13 @@ def start_server(
     env: dict[str, str] | None = None,
     host: str | None = "127.0.0.1",
     port: int | None = None,
+    entry: tuple[str, ...] = ("-m", "server"),
 ) -> ServerProcess:
     """Start a server and wait until it is warm; the caller stops it. `env`: extra environment, e.g.
-    WORLDRTC_* settings that have no flag. `host` None: the server's default bind. `port` None: a free one."""
+    WORLDRTC_* settings that have no flag. `host` None: the server's default bind. `port` None: a free one.
+    `entry`: how it is started, after the interpreter (`-m server.cli serve` is `worldrtc serve`)."""
     port = free_port() if port is None else port
-    cmd = [sys.executable, "-m", "server", *(("--host", host) if host else ()), "--port", str(port), *args]
+    cmd = [sys.executable, *entry, *(("--host", host) if host else ()), "--port", str(port), *args]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     log.parent.mkdir(parents=True, exist_ok=True)
     repo = Path(__file__).resolve().parents[1]
@@ -105,8 +107,9 @@ def local_server(
     env: dict[str, str] | None = None,
     host: str | None = "127.0.0.1",
     port: int | None = None,
+    entry: tuple[str, ...] = ("-m", "server"),
 ) -> Iterator[ServerProcess]:
-    server = start_server(args, log, ready_timeout_s, env, host, port)
+    server = start_server(args, log, ready_timeout_s, env, host, port, entry)
     try:
         yield server
     finally:

@@ -49,8 +49,10 @@ from workers.chunk_geometry import chunk_first_frame, chunk_num_frames
 from workers.controls import ChunkControl
 from workers.images import fit_image, read_image
 from workers.models.attention_backend import AttentionBackend
+from workers.models.checkpoint_files import CheckpointMissing
 from workers.models.kernels import KernelConfig
 from workers.models.presets import DEFAULT_PRESET, PRESETS, ModelPreset
+from workers.models.resolve import resolve_weights
 from workers.runtime.memory_plan import machine_capacity, plan_memory
 from workers.runtime.peak_memory import measure_peak_memory
 from workers.runtime.placement import PLACEMENTS, Placement, get_placement
@@ -69,10 +71,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stage-ms", default=None, help="synthetic model: encode,dit,decode hold times in ms")
     p.add_argument("--synthetic-geometry", default=None, help="synthetic model: preset whose tensor shapes flow")
     p.add_argument(
+        "--checkpoint-dir",
         "--checkpoint",
+        dest="checkpoint",
         type=Path,
         default=None,
-        help="checkpoint directory (default: bundled weights)",
+        help="the release's directory as published (default: bundled weights, or the Hugging Face cache)",
+    )
+    p.add_argument(
+        "--assets-dir", type=Path, default=None, help="VAE, umT5 and tokenizer for a DiT-only --checkpoint-dir"
     )
     p.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="control trace (TeleFuser shape)")
     p.add_argument("--chunks", type=int, default=8, help="number of chunks to generate")
@@ -120,7 +127,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.recording is not None:
         try:
             _from_recording(args)
-        except RecordingError as exc:
+        except (RecordingError, CheckpointMissing) as exc:
             p.error(str(exc))
     if args.chunks < 1:
         p.error("--chunks must be at least 1")
@@ -132,6 +139,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(str(exc))
     if args._synthetic is not None and args.in_process:
         p.error("the synthetic model runs on the worker processes; drop --in-process")
+    if args._synthetic is None and args.recording is None and not args.random_weights:
+        try:
+            args.checkpoint = resolve_weights(args._preset, args.checkpoint, args.assets_dir, download=True)
+        except CheckpointMissing as exc:
+            p.error(str(exc))
     return args
 
 
@@ -142,6 +154,8 @@ def _from_recording(args: argparse.Namespace) -> None:
     data = recorded.data
     args.model, args.seed, args.prompt = data["model"], data["seed"], data["prompt"]
     args.image, args.chunks, args.chunk_frames = recorded.image, len(recorded.chunks), data["chunk_latent_frames"]
+    if not data["weights"].startswith("random:"):
+        args.checkpoint = resolve_weights(PRESETS[args.model], args.checkpoint, args.assets_dir, download=True)
     recorded.check_weights(args.checkpoint, args.weights_seed)
     args._recorded = recorded
 

@@ -25,6 +25,7 @@ from workers.models.resolve import resolve_weights
 
 def parse_args(argv: list[str] | None = None) -> dict[str, object]:
     p = argparse.ArgumentParser(prog="python -m server", description="worldrtc: a real-time world-model server")
+    p.add_argument("preset", nargs="?", metavar="MODEL", help=f"model preset, as --model (default {DEFAULT_PRESET})")
     p.add_argument("--host", help="bind address (default 127.0.0.1; others need an API token)")
     p.add_argument("--port", type=int, help="HTTP port (default 8000)")
     p.add_argument("--model", help=f"model preset, or 'synthetic' for the timing model (default {DEFAULT_PRESET})")
@@ -54,6 +55,11 @@ def parse_args(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--log-format", default="text", choices=("text", "json"), help="json: one object per line")
     args = vars(p.parse_args(argv))
+    preset = args.pop("preset")
+    if preset is not None:
+        if args["model"] not in (None, preset):
+            p.error(f"the model is named twice: {preset} and --model {args['model']}")
+        args["model"] = preset
     logging_opts = {"_log_level": args.pop("log_level"), "_log_format": args.pop("log_format")}
     return {k: v for k, v in args.items() if v is not None} | logging_opts
 

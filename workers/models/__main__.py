@@ -1,6 +1,7 @@
 """Inspect presets and checkpoints without allocating weights.
 
 python -m workers.models describe PRESET [--json]
+python -m workers.models fetch PRESET [--dry-run]    (into the Hugging Face cache; HF_HOME, HF_HUB_CACHE, HF_TOKEN)
 python -m workers.models verify PRESET [--checkpoint-dir DIR [--assets-dir DIR]]
     (released or diffusers layout, named first; without a directory, the Hugging Face cache)
 python -m workers.models plan PRESET --placement P --max-sessions N [--device-gib 80] [--json]
@@ -18,7 +19,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from workers.families.family import family_for
+from workers.models import hub
 from workers.models.checkpoint_files import CheckpointMissing, detect_layout
+from workers.models.hub import plan_fetch
 from workers.models.loading import KeyReport, state_shapes
 from workers.models.presets import PRESETS, ModelPreset, get_preset
 from workers.models.resolve import resolve_weights
@@ -59,6 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("describe", help="shapes and parameter counts of a preset")
     d.add_argument("preset", choices=sorted(PRESETS))
     d.add_argument("--json", action="store_true", help="print the full description as JSON")
+    f = sub.add_parser(
+        "fetch",
+        help="download a released preset's files (only those) at its pinned revision into the Hugging Face cache",
+    )
+    f.add_argument("preset", choices=sorted(name for name, p in PRESETS.items() if p.hub is not None))
+    f.add_argument("--dry-run", action="store_true", help="say what is cached and what would be downloaded")
     v = sub.add_parser(
         "verify",
         help="check a preset's weights against its shapes, from their headers: a directory (released or "
@@ -84,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "plan":
         return _plan(args)
+    if args.command == "fetch":
+        return _fetch(get_preset(args.preset), args.dry_run)
     if args.command == "describe":
         info = describe(args.preset)
         if args.json:
@@ -95,6 +106,26 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     return _verify(get_preset(args.preset), args.checkpoint, args.assets_dir)
+
+
+def _fetch(preset: ModelPreset, dry_run: bool) -> int:
+    plan = plan_fetch(preset)
+    print(plan.describe())
+    if plan.complete:
+        print(f"every file is cached: {hub.snapshot(plan)}")
+        return 0
+    if dry_run:
+        return 0
+    try:
+        plan = hub.fetch(plan)
+    except CheckpointMissing as exc:  # offline, or a download that ended without its file
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted: the same command resumes where the download stopped", file=sys.stderr)
+        return 130
+    print(f"fetched: {hub.snapshot(plan)}")
+    return 0
 
 
 def _verify(preset: ModelPreset, checkpoint: Path | None, assets: Path | None) -> int:

@@ -126,11 +126,12 @@ def hf_download(repo_id: str, filename: str, revision: str, cache_dir: Path) -> 
 
 def fetch(
     plan: FetchPlan,
-    download: Downloader = hf_download,
+    download: Downloader | None = None,
     cache_dir: Path | None = None,
     say: Callable[[str], None] = print,
 ) -> FetchPlan:
-    """Download the plan's missing files, one by one, into the cache; returns the plan after it."""
+    """Download the plan's missing files, one by one, into the cache (with `hf_download` unless
+    told otherwise); returns the plan after it."""
     if offline() and not plan.complete:
         raise refuse(plan, "HF_HUB_OFFLINE is set and the cache lacks files")
     cache = cache_dir or default_cache_dir()
@@ -138,7 +139,7 @@ def fetch(
     for k, (repo_id, name) in enumerate(todo, 1):
         source = next(r.source for r in plan.repos if r.source.repo_id == repo_id)
         say(f"fetch {k}/{len(todo)}: {repo_id}/{name}")
-        download(repo_id, name, source.revision, cache)
+        (download or hf_download)(repo_id, name, source.revision, cache)
     after = plan_fetch(plan.preset, cache)
     if not after.complete:  # a downloader that returned without the file: never load half a release
         raise refuse(after, "the download ended without every file")
