@@ -26,11 +26,11 @@ $(VENV)/.installed: pyproject.toml
 
 # The server with the embedded default model; prints the URL to open once it is warm.
 run: setup
-	$(PY) -m server $(RUN_ARGS)
+	$(VENV)/bin/worldrtc serve $(RUN_ARGS)
 
 # Headless: generate a video from the default control trace (runs/replay.mp4).
 replay: setup
-	$(PY) -m benchmarks.replay $(REPLAY_ARGS)
+	$(VENV)/bin/worldrtc replay $(REPLAY_ARGS)
 
 # FastVideo, transformers and diffusers, pinned and without their dependency lists, into a folder
 # of their own that only the parity tests put on their path (about 390 MB, half a minute).

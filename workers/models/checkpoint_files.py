@@ -233,19 +233,24 @@ def _missing_diffusers_files(preset: ModelPreset, checkpoint_dir: Path) -> list[
 def require_checkpoint(preset: ModelPreset, checkpoint_dir: str | Path | None) -> None:
     """Raise CheckpointMissing, naming --checkpoint-dir and every missing file, if a load would fail."""
     if checkpoint_dir is None:
-        if needs_checkpoint(preset) and preset.matrix_game is not None:
+        if not needs_checkpoint(preset):
+            return
+        # Reached by callers that skip workers/models/resolve.py (which resolves through the cache).
+        fetch = "pass --checkpoint-dir DIR, "
+        if preset.hub is not None:
+            fetch = f"`worldrtc fetch {preset.name}` puts them in the Hugging Face cache, found there; or {fetch}"
+        if preset.matrix_game is not None:
             raise CheckpointMissing(
-                f"{preset.name} runs on its released weights: pass --checkpoint-dir DIR, the Matrix-Game 2.0 "
-                f"release directory (Skywork/Matrix-Game-2.0), holding {', '.join(matrix_game_files(preset))}"
+                f"{preset.name} runs on its released weights: {fetch}the Matrix-Game 2.0 release directory "
+                f"(Skywork/Matrix-Game-2.0), holding {', '.join(matrix_game_files(preset))}"
             )
-        if needs_checkpoint(preset):
-            raise CheckpointMissing(
-                f"{preset.name} runs on its released weights: pass --checkpoint-dir DIR, a directory holding "
-                f"{DIT_SUBDIR}/ (safetensors shards and their *{INDEX_SUFFIX}), {VAE_FILE}, "
-                f"{T5_FILE} and {TOKENIZER_DIR}/{TOKENIZER_FILE} (the released layout), or {MODEL_INDEX} beside "
-                f"{DIFFUSERS_DIT.folder}/, {DIFFUSERS_VAE.folder}/, {DIFFUSERS_T5.folder}/ and "
-                f"{DIFFUSERS_TOKENIZER_DIR}/ (the diffusers layout)"
-            )
+        raise CheckpointMissing(
+            f"{preset.name} runs on its released weights: {fetch}a directory holding "
+            f"{DIT_SUBDIR}/ (safetensors shards and their *{INDEX_SUFFIX}), {VAE_FILE}, "
+            f"{T5_FILE} and {TOKENIZER_DIR}/{TOKENIZER_FILE} (the released layout), or {MODEL_INDEX} beside "
+            f"{DIFFUSERS_DIT.folder}/, {DIFFUSERS_VAE.folder}/, {DIFFUSERS_T5.folder}/ and "
+            f"{DIFFUSERS_TOKENIZER_DIR}/ (the diffusers layout)"
+        )
         return
     path = Path(checkpoint_dir)
     if not path.is_dir():
