@@ -145,22 +145,13 @@ def component_files(folder: Path, role: str) -> list[Path]:
 
 def missing_component_files(checkpoint_dir: Path, folder: str, role: str) -> list[str]:
     """What `component_files` would need in `<checkpoint_dir>/<folder>` and cannot find, relative paths."""
-    path = checkpoint_dir / folder
     try:
-        index = find_index(path) if path.is_dir() else None
-    except ValueError as exc:
+        files = component_files(checkpoint_dir / folder, role)
+    except FileNotFoundError:
+        return [f"{folder}/*{INDEX_SUFFIX} and its shards (the {role})"]
+    except ValueError as exc:  # an unreadable index, two that disagree, several files and no index
         return [f"{folder}/ ({exc})"]
-    if index is not None:
-        try:
-            return [f"{folder}/{s}" for s in index_shards(index) if not (path / s).is_file()]
-        except ValueError:
-            return [f"{folder}/{index.name} (unreadable: no weight_map)"]
-    singles = sorted(path.glob("*.safetensors")) if path.is_dir() else []
-    if len(singles) == 1:
-        return []
-    if singles:
-        return [f"{folder}/*{INDEX_SUFFIX} (it holds {len(singles)} safetensors files and no index)"]
-    return [f"{folder}/*{INDEX_SUFFIX} and its shards (the {role})"]
+    return [f"{folder}/{p.name}" for p in files if not p.is_file()]
 
 
 def diffusers_files(checkpoint_dir: Path, component: DiffusersComponent) -> list[Path]:
