@@ -51,6 +51,7 @@ GPU_MODELS = "lingbot-world-v2-1.3b,matrix-game-2-universal"
 SAMPLING_T = 500.0
 
 ChunkFn = Callable[[], None]
+Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], None]  # x, cond, t, commit
 
 
 def _sync(device: torch.device) -> None:
@@ -66,31 +67,10 @@ def _steady_control(preset: ModelPreset, frames: int) -> Any:
     return track.next_inputs(control, frames)
 
 
-def lingbot_chunk(dit: WanDiT, preset: ModelPreset, batch: int, device: torch.device) -> ChunkFn:
-    """B LingBot-World sessions' chunk as one: camera rays, the prompt's K/V, the rolling cache."""
-    cfg, frames = preset.dit, preset.chunk_latent_frames
-    dtype = dit.patch_embedding.weight.dtype
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    context = torch.randn(cfg.text_len, cfg.text_dim, generator=gen).to(device)
-    _, ph, pw = cfg.patch_size
-    h, w = preset.latent_height, preset.latent_width
-    with torch.no_grad():
-        text_kv = dit.text_kv([context] * batch)
-        poses = _steady_control(preset, frames).to(device)
-        cells = PluckerEncoder(preset, device).cells(poses)[None].expand(batch, -1, -1, -1, -1)
-        camera = dit.chunk_camera(cells.contiguous())
-    spec = KVCacheSpec(
-        num_layers=cfg.num_layers,
-        batch=batch,
-        num_heads=cfg.num_heads,
-        head_dim=cfg.head_dim,
-        tokens_per_frame=preset.tokens_per_latent_frame,
-        chunk_frames=frames,
-        local_attn_size_frames=cfg.local_attn_size_frames,
-        sink_size_frames=cfg.sink_size_frames,
-    )
-    cache = SessionKVCache(spec, dtype, device)
-    rope = RopeTables(cfg.head_dim, h // ph, w // pw, device)
+def _chunk(preset: ModelPreset, batch: int, device: torch.device, gen: torch.Generator, forward: Forward) -> ChunkFn:
+    """One chunk of B sessions as the denoise loop runs it: a forward per sampling step, then the
+    t = 0 forward that commits to the caches. `forward(x, cond, t, start, commit)` is the family's."""
+    frames, h, w = preset.chunk_latent_frames, preset.latent_height, preset.latent_width
     cond = torch.randn(batch, 20, frames, h, w, generator=gen).to(device)
     x = torch.randn(batch, 16, frames, h, w, generator=gen).to(device)
     t_sample = torch.full((batch,), SAMPLING_T, device=device)
@@ -98,23 +78,40 @@ def lingbot_chunk(dit: WanDiT, preset: ModelPreset, batch: int, device: torch.de
 
     @torch.no_grad()
     def chunk() -> None:
-        start = cache.committed_frames
         for _ in preset.timestep_indices:
-            dit(x, cond, t_sample, text_kv, camera, start, cache, False, rope=rope)
-        dit(x, cond, t_commit, text_kv, camera, start, cache, True, rope=rope)
+            forward(x, cond, t_sample, False)
+        forward(x, cond, t_commit, True)
 
     return chunk
+
+
+def lingbot_chunk(dit: WanDiT, preset: ModelPreset, batch: int, device: torch.device) -> ChunkFn:
+    """B LingBot-World sessions' chunk as one: camera rays, the prompt's K/V, the rolling cache."""
+    cfg, frames = preset.dit, preset.chunk_latent_frames
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    context = torch.randn(cfg.text_len, cfg.text_dim, generator=gen).to(device)
+    with torch.no_grad():
+        text_kv = dit.text_kv([context] * batch)
+        poses = _steady_control(preset, frames).to(device)
+        cells = PluckerEncoder(preset, device).cells(poses)[None].expand(batch, -1, -1, -1, -1)
+        camera = dit.chunk_camera(cells.contiguous())
+    spec = KVCacheSpec.for_dit(cfg, preset.tokens_per_latent_frame, frames, batch=batch)
+    cache = SessionKVCache(spec, dit.patch_embedding.weight.dtype, device)
+    _, ph, pw = cfg.patch_size
+    rope = RopeTables(cfg.head_dim, preset.latent_height // ph, preset.latent_width // pw, device)
+
+    def forward(x: torch.Tensor, cond: torch.Tensor, t: torch.Tensor, commit: bool) -> None:
+        dit(x, cond, t, text_kv, camera, cache.committed_frames, cache, commit, rope=rope)
+
+    return _chunk(preset, batch, device, gen, forward)
 
 
 def matrix_game_chunk(dit: MatrixGameDiT, preset: ModelPreset, batch: int, device: torch.device) -> ChunkFn:
     """B Matrix-Game sessions' chunk as one: the CLIP image K/V, per-frame actions, the three caches."""
     frames = preset.chunk_latent_frames
     cfg = dataclasses.replace(dit.cfg, chunk_frames=frames)
-    dtype = dit.patch_embedding.weight.dtype
     gen = torch.Generator(device="cpu").manual_seed(0)
     tokens, width = family_for(preset).context_shape(preset)
-    _, ph, pw = cfg.patch_size
-    h, w = preset.latent_height, preset.latent_width
     with torch.no_grad():
         image_kv = dit.image_kv(torch.randn(batch, tokens, width, generator=gen).to(device))
     one: ChunkActions = _steady_control(preset, frames)
@@ -122,21 +119,14 @@ def matrix_game_chunk(dit: MatrixGameDiT, preset: ModelPreset, batch: int, devic
         keyboard=one.keyboard.expand(batch, *one.keyboard.shape[1:]).contiguous(),
         mouse=None if one.mouse is None else one.mouse.expand(batch, *one.mouse.shape[1:]).contiguous(),
     ).to(device)
-    cache = MatrixGameCache(cfg, batch, preset.tokens_per_latent_frame, dtype, device)
-    rope = RopeTables(cfg.head_dim, h // ph, w // pw, device)
-    cond = torch.randn(batch, 20, frames, h, w, generator=gen).to(device)
-    x = torch.randn(batch, 16, frames, h, w, generator=gen).to(device)
-    t_sample = torch.full((batch,), SAMPLING_T, device=device)
-    t_commit = torch.zeros(batch, device=device)
+    cache = MatrixGameCache(cfg, batch, preset.tokens_per_latent_frame, dit.patch_embedding.weight.dtype, device)
+    _, ph, pw = cfg.patch_size
+    rope = RopeTables(cfg.head_dim, preset.latent_height // ph, preset.latent_width // pw, device)
 
-    @torch.no_grad()
-    def chunk() -> None:
-        start = cache.committed_frames
-        for _ in preset.timestep_indices:
-            dit(x, cond, t_sample, image_kv, actions, start, cache, False, rope=rope)
-        dit(x, cond, t_commit, image_kv, actions, start, cache, True, rope=rope)
+    def forward(x: torch.Tensor, cond: torch.Tensor, t: torch.Tensor, commit: bool) -> None:
+        dit(x, cond, t, image_kv, actions, cache.committed_frames, cache, commit, rope=rope)
 
-    return chunk
+    return _chunk(preset, batch, device, gen, forward)
 
 
 def fill_chunks(preset: ModelPreset) -> int:

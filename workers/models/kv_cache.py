@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from workers.models.configs import DiTConfig
+
 
 @dataclass(frozen=True)
 class KVCacheSpec:
@@ -36,6 +38,22 @@ class KVCacheSpec:
                 f"window of {self.local_attn_size_frames} frames cannot hold a {self.chunk_frames}-frame "
                 f"chunk, {self.sink_size_frames} sink frames and any history"
             )
+
+    @staticmethod
+    def for_dit(
+        cfg: DiTConfig, tokens_per_frame: int, chunk_frames: int, batch: int = 1, ranks: int = 1
+    ) -> KVCacheSpec:
+        """A Wan DiT's self-attention cache; with `ranks` (Ulysses), what each rank holds of its heads."""
+        return KVCacheSpec(
+            num_layers=cfg.num_layers,
+            batch=batch,
+            num_heads=cfg.num_heads // ranks,
+            head_dim=cfg.head_dim,
+            tokens_per_frame=tokens_per_frame,
+            chunk_frames=chunk_frames,
+            local_attn_size_frames=cfg.local_attn_size_frames,
+            sink_size_frames=cfg.sink_size_frames,
+        )
 
 
 class LayerKVCache:

@@ -86,16 +86,8 @@ class DenoiseSession(SamplingLoop):
         _, ph, pw = cfg.patch_size
         self.rope = RopeTables(cfg.head_dim, preset.latent_height // ph, preset.latent_width // pw, device)
         self.rays = PluckerEncoder(preset, device)
-        spec = KVCacheSpec(
-            num_layers=cfg.num_layers,
-            batch=1,
-            num_heads=cfg.num_heads // ranks,  # Ulysses: each rank caches its own heads
-            head_dim=cfg.head_dim,
-            tokens_per_frame=preset.tokens_per_latent_frame,
-            chunk_frames=chunk_latent_frames,
-            local_attn_size_frames=cfg.local_attn_size_frames,
-            sink_size_frames=cfg.sink_size_frames,
-        )
+        # Ulysses: each rank caches its own heads.
+        spec = KVCacheSpec.for_dit(cfg, preset.tokens_per_latent_frame, chunk_latent_frames, ranks=ranks)
         self.kv_cache = SessionKVCache(spec, dit.patch_embedding.weight.dtype, device)
         with torch.no_grad():
             self.text_kv = dit.text_kv([u.to(device) for u in text_embeddings])

@@ -266,16 +266,7 @@ def train_step(
     sampler = make_sampler(preset)
     schedule = sampler.schedule
     b, _, frames = x0.shape[:3]
-    spec = KVCacheSpec(
-        num_layers=cfg.num_layers,
-        batch=b,
-        num_heads=cfg.num_heads,
-        head_dim=cfg.head_dim,
-        tokens_per_frame=preset.tokens_per_latent_frame,
-        chunk_frames=chunk,
-        local_attn_size_frames=cfg.local_attn_size_frames,
-        sink_size_frames=cfg.sink_size_frames,
-    )
+    spec = KVCacheSpec.for_dit(cfg, preset.tokens_per_latent_frame, chunk, batch=b)
     device = x0.device
     cache = SessionKVCache(spec, torch.float32, device)
     text_kv = dit.text_kv([t.to(device) for t in text])
