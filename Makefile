@@ -69,7 +69,7 @@ lint: setup
 test: lint packages parity-deps
 	$(PY) -m pytest -m "not (slow or container)" --durations=20 $(PYTEST_ARGS)
 
-# The model code against independent implementations (README "Correctness").
+# The model code against independent implementations (docs/correctness.md).
 test-parity: parity-deps
 	$(PY) -m pytest -m parity $(PYTEST_ARGS)
 

@@ -71,7 +71,7 @@ class Settings(BaseSettings):
     # TURN with per-session time-limited credentials (server/turn.py): the TURN server's URLs and the
     # secret it shares (coturn: use-auth-secret, static-auth-secret). Both, or neither.
     # This node's base URL as clients reach it (e.g. "https://gpu-3.example.org"), when it runs behind
-    # a balancer: a session's URLs point at the node that holds it (README "Many nodes").
+    # a balancer: a session's URLs point at the node that holds it (docs/deploy.md, "Many nodes").
     public_url: str | None = Field(default=None, pattern=r"^https?://[^/\s]+$")
     turn_urls: list[str] = Field(default_factory=list)
     turn_secret: str | None = None
@@ -79,7 +79,7 @@ class Settings(BaseSettings):
     udp_port_min: int | None = Field(default=None, ge=1, le=65535)
     udp_port_max: int | None = Field(default=None, ge=1, le=65535)
     video_bitrate_bps: int = Field(default=1_500_000, ge=100_000, le=50_000_000)
-    # Limits: every wait, body and message rate has one (README "Server").
+    # Limits: every wait, body and message rate has one (docs/reliability.md, "Limits").
     offer_timeout_s: float = 30.0
     ice_timeout_s: float = 15.0
     # A viewer that vanishes without closing stops sending RTCP receiver reports (every client that

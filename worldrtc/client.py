@@ -51,7 +51,7 @@ FIRST_FRAME_TIMEOUT_S = 120.0  # watch-only: answer applied -> first frame (a bi
 
 
 class ClientError(RuntimeError):
-    """The server refused a request; `code` is its error code (see the README's table)."""
+    """The server refused a request; `code` is its error code (see the table in docs/api.md)."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(f"{status} {code}: {message}")

@@ -1,4 +1,4 @@
-"""Every parity case runs in float32 on one intra-op thread (README "Correctness"); each test
+"""Every parity case runs in float32 on one intra-op thread (docs/correctness.md); each test
 module marks itself `parity` (`make test-parity`)."""
 
 from __future__ import annotations

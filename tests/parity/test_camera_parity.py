@@ -3,7 +3,7 @@ code's, as FastVideo ships it, for one steady walk (tests/parity/camera_paths.py
 walk is where the two normalisation rules meet).
 
 Also shown: at the preset's real-time translation scale (3.0) the cells differ from the release's,
-which is the stated departure (README "Correctness"), not a bug.
+which is the stated departure (docs/correctness.md), not a bug.
 """
 
 from __future__ import annotations

@@ -195,7 +195,7 @@ GRIDWORLD = ModelPreset(
 # The sharper embedded world: the same DiT trunk over a VAE that compresses 4× in space instead of 8×
 # (32×32×16 latents for 128×128 frames), patchified 4×4 instead of 2×2, so the DiT still sees 8×8
 # tokens per frame and costs what gridworld's does. Its decoder's full-resolution stage runs frame by
-# frame, which is what makes it faster live (README "Training that outlives the machine"). Trained
+# frame, which is what makes it faster live (docs/embedded-world.md). Trained
 # with `python -m workers.training --preset gridworld-4x`, which resumes from the state kept in the
 # repository; its shipped weights lose to gridworld's on world_eval, so gridworld stays the default.
 GRIDWORLD_4X = replace(
@@ -206,7 +206,7 @@ GRIDWORLD_4X = replace(
     # those kernels from the 3-frame ones (workers/training/decoder_tune.py).
     vae=replace(GRIDWORLD.vae, dim_mult=(1, 2, 4), temporal_downsample=(True, True), decoder_full_res_kernel_t=1),
     weights_note="trained here like gridworld, with a sharper VAE; its frames are noisier and it follows "
-    "keys about 9 times in 10 (README: Training that outlives the machine)",
+    "keys about 9 times in 10 (docs/embedded-world.md)",
     tags=("cpu", "embedded"),
     bundled_weights="gridworld-4x",
 )

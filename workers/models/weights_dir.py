@@ -5,7 +5,7 @@ the composed directory holds symbolic links to them, as the Hugging Face cache's
 The LingBot-World v2 1.3B release is such a DiT: an index and its shards at the repository's root,
 taking the 14B release's VAE, umT5 and tokenizer. Composing the two once, at start, lets every
 loader, `verify`, the weights digest and the workers read one directory in one layout, with nothing
-copied by hand (README "Get the weights"):
+copied by hand (docs/models-and-weights.md, "Get the weights"):
 
     <composed>/transformers/<the DiT's index and shards>   -> <dit dir>/ (or <dit dir>/transformers/)
     <composed>/Wan2.1_VAE.pth (or vae.safetensors)          -> <assets dir>/
