@@ -36,7 +36,7 @@ import torch
 
 from workers.chunk_geometry import chunk_num_frames
 from workers.controls import ChunkControl
-from workers.families.family import family_for
+from workers.families.registry import family_for
 from workers.models.camera import PluckerEncoder
 from workers.models.dit import WanDiT
 from workers.models.kv_cache import KVCacheSpec, SessionKVCache

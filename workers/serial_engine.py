@@ -23,7 +23,8 @@ import torch
 
 from workers.controls import ChunkControl
 from workers.determinism import DEFAULT_CPU_THREADS, intra_op_threads
-from workers.families.family import ChunkDenoiser, ContextEncoder, ControlTrack, ModelFamily, family_for
+from workers.families.family import ChunkDenoiser, ContextEncoder, ControlTrack, ModelFamily
+from workers.families.registry import family_for
 from workers.images import fit_image, read_image, to_model_range
 from workers.models.checkpoint_files import require_checkpoint
 from workers.models.components import load_vae

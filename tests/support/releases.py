@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from workers.families.family import family_for
+from workers.families.registry import family_for
 from workers.models import components, loading
 from workers.models.hub import repo_folder
 from workers.models.hub_files import HubFiles, HubWeights

@@ -1,8 +1,8 @@
 """What a world-model family gives the stages and the server, in one place per family.
 
 A preset (workers/models/presets.py) names its family; everything that differs between families
-goes through the `ModelFamily` that `family_for(preset)` returns, and nothing else in the stages,
-the runtime or the server asks which family it runs:
+goes through the `ModelFamily` that `family_for(preset)` returns (workers/families/registry.py), and
+nothing else in the stages, the runtime or the server asks which family it runs:
 
 - the **context encoder** (encode stage): the start image and the prompt -> the tokens the DiT
   cross-attends to for the whole session (umT5 text embeddings; Matrix-Game's CLIP image tokens);
@@ -152,16 +152,3 @@ class ModelFamily(ABC):
     @abstractmethod
     def verify(self, preset: ModelPreset, checkpoint_dir: Path) -> dict[str, KeyReport | str]:
         """Every component checked against the directory's files from their headers, no weights read."""
-
-
-def family_for(preset: ModelPreset) -> ModelFamily:
-    # Imported here: each family module imports this one for the interface.
-    if preset.family is Family.LINGBOT_WORLD:
-        from workers.families.lingbot_world import LINGBOT_WORLD
-
-        return LINGBOT_WORLD
-    if preset.family is Family.MATRIX_GAME:
-        from workers.families.matrix_game import MATRIX_GAME
-
-        return MATRIX_GAME
-    raise ValueError(f"{preset.name}: no model family {preset.family!r}")

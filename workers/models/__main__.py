@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from workers.families.family import family_for
+from workers.families.registry import family_for
 from workers.models import hub
 from workers.models.checkpoint_files import CheckpointMissing, detect_layout
 from workers.models.hub import plan_fetch

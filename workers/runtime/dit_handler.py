@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.families.family import ChunkDenoiser, ControlTrack, family_for
+from workers.families.family import ChunkDenoiser, ControlTrack
+from workers.families.registry import family_for
 from workers.models.presets import get_preset
 from workers.parallel.group import StageGroup
 from workers.parallel.ulysses import SequenceParallel

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from workers.families.family import family_for
+from workers.families.registry import family_for
 from workers.images import to_model_range
 from workers.models.components import load_vae
 from workers.models.presets import get_preset

@@ -28,7 +28,7 @@ import torch
 from workers.chunk_geometry import video_frames
 from workers.controls import ChunkControl
 from workers.determinism import intra_op_threads
-from workers.families.family import family_for
+from workers.families.registry import family_for
 from workers.models.live_bytes import LiveBytes
 from workers.models.loading import build_on_meta
 from workers.models.presets import ModelPreset

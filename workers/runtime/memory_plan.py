@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from workers.chunk_geometry import video_frames
-from workers.families.family import family_for
+from workers.families.registry import family_for
 from workers.models.attention_backend import AttentionBackend
 from workers.models.components import Precision
 from workers.models.kernels import DEFAULT_KERNELS, KernelConfig

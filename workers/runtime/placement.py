@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from workers.determinism import DEFAULT_CPU_THREADS
-from workers.families.family import family_for
+from workers.families.registry import family_for
 from workers.models.presets import ModelPreset
 
 

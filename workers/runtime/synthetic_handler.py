@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import torch
 
 from workers.chunk_geometry import chunk_first_frame, latent_span_frames
-from workers.families.family import family_for
+from workers.families.registry import family_for
 from workers.frame_stamp import stamp_frames
 from workers.models.presets import get_preset
 from workers.parallel.group import StageGroup

@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import save_file
 
 from workers.controls import ChunkControl
-from workers.families.family import family_for
 from workers.families.matrix_game import MATRIX_GAME
+from workers.families.registry import family_for
 from workers.models import loading
 from workers.models.checkpoint_files import VAE_FILE, CheckpointMissing, require_checkpoint
 from workers.models.clip import unused_visual_keys
