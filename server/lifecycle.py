@@ -21,30 +21,22 @@ import asyncio
 import logging
 import signal
 import time
-from enum import StrEnum
 from types import FrameType
-from typing import TYPE_CHECKING
 
 import uvicorn
 
 from server.logs import redact_access_log
-
-if TYPE_CHECKING:
-    from server.app import AppState
+from server.phase import Phase
+from server.state import AppState
 
 log = logging.getLogger("worldrtc.server")
 
 DRAIN_POLL_S = 0.1
-WORKER_GRACE_S = 10.0  # stopping workers may finish their command this long, then are killed
-FORCED_GRACE_S = 0.5  # the same, and for in-flight HTTP requests, when the stop is forced
+# Stopping workers may finish their command for the state's `worker_grace_s` (server/state.py
+# WORKER_GRACE_S), then are killed; when the stop is forced, for this long, as in-flight HTTP requests.
+FORCED_GRACE_S = 0.5
 FORCED_HTTP_GRACE_S = 1  # uvicorn takes whole seconds
 HTTP_GRACE_S = 5  # in-flight HTTP requests get this long once the server stops listening
-
-
-class Phase(StrEnum):
-    SERVING = "serving"
-    DRAINING = "draining"  # no new sessions; live ones run out
-    STOPPING = "stopping"  # closing everything now
 
 
 class WorldServer(uvicorn.Server):

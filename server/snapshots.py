@@ -17,7 +17,8 @@ contract: same model, weights, placement and thread count, which one server alwa
 
 Ownership is a capability, as for the session itself: a snapshot belongs to its session's *line*,
 the session it was taken from and every session branched from that line, and any of their tokens
-(or the API token) may use it. A token of another line gets 403, no token or an unknown one 401.
+(or the API token) may use it. A token of another line gets 403, no token or an unknown one 401
+(server/snapshot_book.py keeps the lines and their tokens).
 
 The engine's catalog (workers/runtime/snapshot_catalog.py) keeps them within
 WORLDRTC_SNAPSHOT_BUDGET_GIB of host memory, least recently used evicted first (spilled to
@@ -26,103 +27,26 @@ any copy (507 `snapshot_too_large`); asking for one that was evicted says so (41
 """
 
 import asyncio
-import secrets
-from collections import OrderedDict
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 
-from server.errors import (
-    Forbidden,
-    Gone,
-    InsufficientStorage,
-    NotFound,
-    Unauthorized,
-)
+from server.dependencies import SessionDep, StateDep
+from server.errors import Forbidden, Gone, InsufficientStorage, NotFound
 from server.protocol import RestoreRequest, SessionInfo, SnapshotInfo
 from server.session import ServerSession
 from server.snapshot import ServerSnapshot
-from workers.runtime.snapshot_catalog import TOMBSTONES_KEPT, SnapshotGone
-
-if TYPE_CHECKING:
-    from server.app import AppState
+from server.state import AppState
+from workers.runtime.snapshot_catalog import SnapshotGone
 
 SNAPSHOT_WAIT_S = 60.0  # a snapshot waits for its boundary chunk on every stage: a few chunks at most
 
 
-def snapshot_url(state: "AppState", snapshot_id: str) -> str:
+def snapshot_url(state: AppState, snapshot_id: str) -> str:
     return state.node_url(f"/v1/snapshots/{snapshot_id}")
 
 
-class SnapshotBook:
-    """The server's side of its snapshots: their origin and line, which tokens hold each line, and
-    the lines of the last TOMBSTONES_KEPT that are gone (their owners are told why: 410)."""
-
-    def __init__(self, listed_lines: Callable[[], set[str]]) -> None:
-        self.listed_lines = listed_lines  # the lines of the sessions the server still lists
-        self.snapshots: dict[str, ServerSnapshot] = {}
-        self.gone: OrderedDict[str, tuple[str, str]] = OrderedDict()  # id -> (line, why)
-        self._line_tokens: dict[str, set[str]] = {}  # line -> tokens of its sessions
-
-    def joined(self, line: str, token: str) -> None:
-        self._line_tokens.setdefault(line, set()).add(token)
-
-    def add(self, snapshot: ServerSnapshot) -> None:
-        self.snapshots[snapshot.snapshot_id] = snapshot
-
-    def forget(self, snapshot_id: str, why: str) -> None:
-        gone = self.snapshots.pop(snapshot_id, None)
-        if gone is None:
-            return
-        self.gone[snapshot_id] = (gone.origin.line, why)
-        while len(self.gone) > TOMBSTONES_KEPT:
-            self.gone.popitem(last=False)
-        # A line's tokens go with its last session and its last snapshot, kept or remembered.
-        needed = self.listed_lines() | {s.origin.line for s in self.snapshots.values()}
-        needed |= {line for line, _ in self.gone.values()}
-        for line in [line for line in self._line_tokens if line not in needed]:
-            del self._line_tokens[line]
-
-    def owns(self, line: str, request: Request) -> bool:
-        given = request.headers.get("authorization", "")
-        return any(_bearer_matches(given, token) for token in self._line_tokens.get(line, ()))
-
-    def any_line(self, request: Request) -> bool:
-        given = request.headers.get("authorization", "")
-        return any(_bearer_matches(given, t) for tokens in self._line_tokens.values() for t in tokens)
-
-
-def _bearer_matches(given: str, token: str) -> bool:
-    return secrets.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {token}".encode())
-
-
-def authorize_snapshot(state: "AppState", snapshot_id: str, request: Request) -> ServerSnapshot:
-    """The snapshot, if the request's bearer may use it: a token of its line, or the API token.
-    Kept by the engine or not: an evicted one is 410 (to its owner), an unknown one 404."""
-    book = state.snapshot_book
-    snapshot = book.snapshots.get(snapshot_id)
-    api = state.settings.api_token
-    operator = api is not None and _bearer_matches(request.headers.get("authorization", ""), api)
-    line = snapshot.origin.line if snapshot is not None else book.gone.get(snapshot_id, ("", ""))[0]
-    if not (operator or book.owns(line, request)):
-        if book.any_line(request):
-            if snapshot is None and snapshot_id not in book.gone:
-                raise NotFound(f"no snapshot {snapshot_id!r}")
-            raise Forbidden("this snapshot belongs to another session's line; its token does not open it")
-        raise Unauthorized("send 'Authorization: Bearer <a token of the snapshot's session>'")
-    if snapshot is not None:
-        try:
-            state.engine.snapshots.get(snapshot_id)
-            return snapshot
-        except SnapshotGone as gone:
-            book.forget(snapshot_id, gone.reason)
-    if snapshot_id in book.gone:
-        raise Gone(f"snapshot {snapshot_id} {book.gone[snapshot_id][1]}; take a new one")
-    raise NotFound(f"no snapshot {snapshot_id!r}")
-
-
-def snapshot_info(state: "AppState", snapshot: ServerSnapshot) -> dict[str, Any]:
+def snapshot_info(state: AppState, snapshot: ServerSnapshot) -> dict[str, Any]:
     """A snapshot kept by this server's engine: the model, weights, placement and thread count it was
     taken with are the server's (snapshots do not outlive its workers)."""
     entry = state.engine.snapshots.get(snapshot.snapshot_id)
@@ -143,7 +67,7 @@ def snapshot_info(state: "AppState", snapshot: ServerSnapshot) -> dict[str, Any]
     ).model_dump()
 
 
-async def take_snapshot(state: "AppState", session: ServerSession) -> ServerSnapshot:
+async def take_snapshot(state: AppState, session: ServerSession) -> ServerSnapshot:
     """Save `session` at its next chunk boundary; raises what the client should be told."""
     budget = int(state.settings.snapshot_budget_gib * 2**30)
     if budget == 0:
@@ -172,42 +96,45 @@ async def take_snapshot(state: "AppState", session: ServerSession) -> ServerSnap
     return snapshot
 
 
-def snapshot_router(state: "AppState") -> APIRouter:
-    router = APIRouter()
+def snapshot_for(snapshot_id: str, request: Request, state: StateDep) -> ServerSnapshot:
+    """FastAPI dependency: the snapshot in the path, if the request's bearer may use it."""
+    return state.authorize_snapshot(snapshot_id, request)
 
-    def snapshot_for(snapshot_id: str, request: Request) -> ServerSnapshot:
-        return authorize_snapshot(state, snapshot_id, request)
 
-    @router.post("/v1/sessions/{session_id}/snapshots", status_code=201, response_model=SnapshotInfo)
-    async def create(session: Annotated[ServerSession, Depends(state.session_for)]) -> dict[str, Any]:
-        return snapshot_info(state, await take_snapshot(state, session))
+SnapshotDep = Annotated[ServerSnapshot, Depends(snapshot_for)]
 
-    @router.get("/v1/snapshots/{snapshot_id}", response_model=SnapshotInfo)
-    async def get(snapshot: Annotated[ServerSnapshot, Depends(snapshot_for)]) -> dict[str, Any]:
-        return snapshot_info(state, snapshot)
+router = APIRouter()
 
-    @router.delete("/v1/snapshots/{snapshot_id}", response_model=SnapshotInfo)
-    async def delete(snapshot: Annotated[ServerSnapshot, Depends(snapshot_for)]) -> dict[str, Any]:
-        info = snapshot_info(state, snapshot)
-        try:
-            state.engine.drop_snapshot(snapshot.snapshot_id)
-        except SnapshotGone as gone:
-            raise Gone(str(gone)) from None
-        finally:
-            state.snapshot_book.forget(snapshot.snapshot_id, "was deleted")
-        return info
 
-    @router.post("/v1/sessions/{session_id}/restore", response_model=SessionInfo)
-    async def restore(
-        body: RestoreRequest, session: Annotated[ServerSession, Depends(state.session_for)], request: Request
-    ) -> dict[str, Any]:
-        snapshot = authorize_snapshot(state, body.snapshot, request)
-        if snapshot.origin.line != session.origin.line:
-            raise Forbidden("the snapshot belongs to another line: start a branch from it instead")
-        try:
-            await session.restore(snapshot)
-        except SnapshotGone as gone:
-            raise Gone(f"{gone}; take a new one") from None
-        return session.info()
+@router.post("/v1/sessions/{session_id}/snapshots", status_code=201, response_model=SnapshotInfo)
+async def create(session: SessionDep, state: StateDep) -> dict[str, Any]:
+    return snapshot_info(state, await take_snapshot(state, session))
 
-    return router
+
+@router.get("/v1/snapshots/{snapshot_id}", response_model=SnapshotInfo)
+async def get(snapshot: SnapshotDep, state: StateDep) -> dict[str, Any]:
+    return snapshot_info(state, snapshot)
+
+
+@router.delete("/v1/snapshots/{snapshot_id}", response_model=SnapshotInfo)
+async def delete(snapshot: SnapshotDep, state: StateDep) -> dict[str, Any]:
+    info = snapshot_info(state, snapshot)
+    try:
+        state.engine.drop_snapshot(snapshot.snapshot_id)
+    except SnapshotGone as gone:
+        raise Gone(str(gone)) from None
+    finally:
+        state.snapshot_book.forget(snapshot.snapshot_id, "was deleted")
+    return info
+
+
+@router.post("/v1/sessions/{session_id}/restore", response_model=SessionInfo)
+async def restore(body: RestoreRequest, session: SessionDep, request: Request, state: StateDep) -> dict[str, Any]:
+    snapshot = state.authorize_snapshot(body.snapshot, request)
+    if snapshot.origin.line != session.origin.line:
+        raise Forbidden("the snapshot belongs to another line: start a branch from it instead")
+    try:
+        await session.restore(snapshot)
+    except SnapshotGone as gone:
+        raise Gone(f"{gone}; take a new one") from None
+    return session.info()

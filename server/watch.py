@@ -25,28 +25,27 @@ counted in `worldrtc_watch_refused_total{reason}` (a spectator's DELETE, a leave
 """
 
 import secrets
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 
+from server.dependencies import SessionDep, StateDep
 from server.errors import Busy, Forbidden, MethodNotAllowed, NotFound, SessionClosed, Unauthorized
 from server.protocol import EndReason
 from server.session import ACTIVE, ServerSession
+from server.state import AppState
 from server.turn import ice_servers_for
-from server.whep import SDP, ice_server_links, read_sdp_offer
-
-if TYPE_CHECKING:
-    from server.app import AppState
+from server.whep_http import SDP, ice_server_links, read_sdp_offer
 
 WATCH_URL_HEADER = "Worldrtc-Watch-URL"
 WATCH_TOKEN_HEADER = "Worldrtc-Watch-Token"
 
 
-def watch_url(state: "AppState", session: ServerSession) -> str:
+def watch_url(state: AppState, session: ServerSession) -> str:
     return state.node_url(f"/v1/sessions/{session.id}/watch")
 
 
-def watch_headers(state: "AppState", session: ServerSession) -> dict[str, str]:
+def watch_headers(state: AppState, session: ServerSession) -> dict[str, str]:
     """For a WHEP driver's 201: where and how others watch its session."""
     assert session.watch_token is not None
     return {WATCH_URL_HEADER: watch_url(state, session), WATCH_TOKEN_HEADER: session.watch_token}
@@ -57,7 +56,7 @@ def _same(given: str, token: str | None) -> bool:
 
 
 def authorize_watch(
-    state: "AppState", session_id: str, request: Request, *, joining: bool = True
+    state: AppState, session_id: str, request: Request, *, joining: bool = True
 ) -> tuple[ServerSession, str]:
     """The session and the token that may watch it, or a refusal (see the module docstring).
     Without a token that is good for something, the answer is 401 whether or not the session exists.
@@ -89,51 +88,52 @@ def authorize_watch(
     raise refuse("wrong", Unauthorized("wrong watch token"))
 
 
-def watch_router(state: "AppState") -> APIRouter:
-    # No `from __future__ import annotations` here: FastAPI must see the Depends() of the closure.
-    router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["watch"])
+router = APIRouter(prefix="/v1/sessions/{session_id}", tags=["watch"])
+
+
+@router.post("/watch", status_code=201, response_class=Response)
+async def watch(session_id: str, request: Request, state: StateDep) -> Response:
     settings = state.settings
+    authorize_watch(state, session_id, request)
+    sdp = await read_sdp_offer(request)
+    # Checked again after the body: the session may have ended while it arrived, and the node's
+    # count must be read with no wait before the spectator joins the session's table.
+    session, token = authorize_watch(state, session_id, request)
+    if state.spectator_count() >= settings.max_spectators:
+        state.metrics.watch_refused.labels("node_full").inc()
+        raise Busy(f"this node has {settings.max_spectators} spectators, the most it takes", retry_after_s=5)
+    spectator, answer = await session.add_spectator(await state.local_offer(sdp), token)
+    location = state.node_url(f"/v1/sessions/{session.id}/watch/{spectator.id}")
+    response = Response(answer, status_code=201, media_type=SDP, headers={"Location": location})
+    for link in ice_server_links(ice_servers_for(settings.ice_servers, settings.turn, f"watch-{spectator.id}")):
+        response.headers.append("Link", link)
+    return response
 
-    @router.post("/watch", status_code=201, response_class=Response)
-    async def watch(session_id: str, request: Request) -> Response:
-        authorize_watch(state, session_id, request)
-        sdp = await read_sdp_offer(request)
-        # Checked again after the body: the session may have ended while it arrived, and the node's
-        # count must be read with no wait before the spectator joins the session's table.
-        session, token = authorize_watch(state, session_id, request)
-        if state.spectator_count() >= settings.max_spectators:
-            state.metrics.watch_refused.labels("node_full").inc()
-            raise Busy(f"this node has {settings.max_spectators} spectators, the most it takes", retry_after_s=5)
-        spectator, answer = await session.add_spectator(await state.local_offer(sdp), token)
-        location = state.node_url(f"/v1/sessions/{session.id}/watch/{spectator.id}")
-        response = Response(answer, status_code=201, media_type=SDP, headers={"Location": location})
-        for link in ice_server_links(ice_servers_for(settings.ice_servers, settings.turn, f"watch-{spectator.id}")):
-            response.headers.append("Link", link)
-        return response
 
-    @router.delete("/watch/{spectator_id}")
-    async def stop_watching(session_id: str, spectator_id: str, request: Request) -> Response:
-        session, _ = authorize_watch(state, session_id, request, joining=False)
-        spectator = session.spectators.get(spectator_id)
-        if spectator is None:
-            raise NotFound(f"no spectator {spectator_id!r} watching session {session_id!r}")
-        await spectator.close(EndReason.DELETED, "deleted")
-        return Response(status_code=200)
+@router.delete("/watch/{spectator_id}")
+async def stop_watching(session_id: str, spectator_id: str, request: Request, state: StateDep) -> Response:
+    session, _ = authorize_watch(state, session_id, request, joining=False)
+    spectator = session.spectators.get(spectator_id)
+    if spectator is None:
+        raise NotFound(f"no spectator {spectator_id!r} watching session {session_id!r}")
+    await spectator.close(EndReason.DELETED, "deleted")
+    return Response(status_code=200)
 
-    @router.patch("/watch/{spectator_id}")
-    async def trickle(session_id: str, spectator_id: str, request: Request) -> Response:
-        authorize_watch(state, session_id, request, joining=False)
-        raise MethodNotAllowed("trickle ICE is not supported: put every candidate in the offer (wait for gathering)")
 
-    @router.post("/watch-token")
-    async def new_watch_token(session: Annotated[ServerSession, Depends(state.session_for)]) -> dict[str, Any]:
-        """Revoke the current watch token (its spectators end) and issue another."""
-        token = await session.new_watch_token()
-        return {"watch_url": watch_url(state, session), "watch_token": token}
+@router.patch("/watch/{spectator_id}")
+async def trickle(session_id: str, spectator_id: str, request: Request, state: StateDep) -> Response:
+    authorize_watch(state, session_id, request, joining=False)
+    raise MethodNotAllowed("trickle ICE is not supported: put every candidate in the offer (wait for gathering)")
 
-    @router.delete("/watch-token")
-    async def revoke_watch_token(session: Annotated[ServerSession, Depends(state.session_for)]) -> dict[str, Any]:
-        """Revoke the watch token: its spectators end, and nobody watches until a new one is issued."""
-        return {"spectators_ended": await session.revoke_watch_token()}
 
-    return router
+@router.post("/watch-token")
+async def new_watch_token(session: SessionDep, state: StateDep) -> dict[str, Any]:
+    """Revoke the current watch token (its spectators end) and issue another."""
+    token = await session.new_watch_token()
+    return {"watch_url": watch_url(state, session), "watch_token": token}
+
+
+@router.delete("/watch-token")
+async def revoke_watch_token(session: SessionDep) -> dict[str, Any]:
+    """Revoke the watch token: its spectators end, and nobody watches until a new one is issued."""
+    return {"spectators_ended": await session.revoke_watch_token()}

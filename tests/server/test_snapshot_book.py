@@ -7,7 +7,7 @@ import numpy as np
 from starlette.requests import Request
 
 from server.snapshot import Origin, ServerSnapshot
-from server.snapshots import SnapshotBook
+from server.snapshot_book import SnapshotBook
 
 
 def bearer(token: str) -> Request:

@@ -8,7 +8,7 @@ channel's slots and frame ring, and per device the CUDA contexts of every proces
 (its own workers, and the workers that map its IPC slots) and NCCL buffers. The model figures
 come from tracing the stage code on the `meta` device (workers/runtime/footprint.py); the runtime
 figures below are measured constants. The server runs the same plan at start and refuses a
-placement that cannot fit (server/app.py), naming the device, the shortfall and placements that
+placement that cannot fit (server/state.py), naming the device, the shortfall and placements that
 would fit.
 
 Approximations, stated once: a multi-rank stage's activations and (decode) caches are the

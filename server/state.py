@@ -1,0 +1,265 @@
+"""The app's state: the engine, its sessions and everything the routes share, one per app.
+
+`create_app` (server/app.py) builds it, puts it on `app.state.worldrtc` and starts and stops it with
+the app; the routes reach it through a FastAPI dependency (server/dependencies.py), and the process
+runner (server/lifecycle.py) drains and stops it. What belongs to the state is here: whether a new
+session may start now and, if so, its admission (rate, slots, start image), the engine's load in
+the background, and the shutdown that ends every session.
+"""
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from fastapi import Request
+
+from server.errors import BadRequest, Busy, Draining, Loading, RateLimited, Restarting, ServerError
+from server.ice import host_addresses, keep_local_candidates
+from server.memory import MemoryReclaimer, freeze_startup_objects
+from server.metrics import LoopLagMonitor, Metrics
+from server.phase import Phase
+from server.protocol import CreateSessionRequest, EndReason
+from server.rate_limit import PerClientLimiter, client_address
+from server.recording_store import RecordingStore
+from server.session import ACTIVE, ServerSession
+from server.settings import Settings
+from server.snapshot import ServerSnapshot
+from server.snapshot_book import SnapshotBook
+from server.start_image import start_image
+from workers.models.weights_digest import weights_digest
+from workers.runtime.engine import PipelineEngine
+from workers.runtime.memory_plan import check_fits, machine_capacity
+from workers.runtime.placement import get_placement
+from workers.runtime.snapshot_catalog import SnapshotBudget
+from workers.runtime.synthetic import SYNTHETIC, resolve_model
+
+log = logging.getLogger("worldrtc.server")
+
+WORKER_GRACE_S = 10.0  # stopping workers may finish their command this long, then are killed
+
+
+class AppState:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.preset, synthetic = resolve_model(settings.model, settings.stage_ms, settings.synthetic_geometry)
+        placement = get_placement(settings.placement)
+        self.snapshot_plan_bytes = 0  # the smallest snapshot as the memory plan counts it (synthetic: tiny)
+        if synthetic is None:
+            # The same plan as `python -m workers.models plan`: a placement that cannot hold the model
+            # and max_sessions fails now, naming the device, the shortfall and what would fit.
+            capacity = machine_capacity(settings.device_memory_gib, settings.host_memory_gib)
+            plan = check_fits(self.preset, placement, settings.max_sessions, capacity, settings.kernels)
+            for device in plan.devices:
+                log.info("memory plan: %s", device.summary())
+            # The smallest a snapshot gets (after the condition encoder's fixed point): over the budget,
+            # none can fit and it is refused before any copy; a larger early one is refused once measured.
+            self.snapshot_plan_bytes = plan.snapshot_steady_bytes
+        # Constructing the engine validates the placement against the model: a bad one fails now.
+        self.engine = PipelineEngine(
+            self.preset,
+            placement,
+            "pipelined",
+            max_sessions=settings.max_sessions,
+            checkpoint_dir=settings.checkpoint_dir,
+            weights_seed=settings.weights_seed,
+            random_weights=settings.random_weights,
+            synthetic=synthetic,
+            kernels=settings.kernels,
+            snapshot_budget=SnapshotBudget(
+                memory_bytes=int(settings.snapshot_budget_gib * 2**30),
+                spill_dir=settings.snapshot_spill_dir,
+                spill_bytes=int(settings.snapshot_spill_gib * 2**30),
+            ),
+        )
+        self.placement = placement
+        self.fps = settings.fps or self.preset.fps  # sessions' default frame rate
+        self.metrics = Metrics()
+        self.lag = LoopLagMonitor(self.metrics)
+        self.sessions: dict[str, ServerSession] = {}
+        self.snapshot_book = SnapshotBook(lambda: {s.origin.line for s in self.sessions.values()})
+        self.tasks: set[asyncio.Task[None]] = set()  # app-owned background tasks, cancelled at shutdown
+        self.ready = False
+        self.load_error: str | None = None
+        self.ready_s: float | None = None
+        self.on_ready: Callable[[], None] | None = None
+        self.phase = Phase.SERVING
+        # Set by the process runner (server/lifecycle.py): stop with this exit status. Without one
+        # (an app inside tests) a broken engine only shows in /readyz.
+        self.request_exit: Callable[[int], None] | None = None
+        self.worker_grace_s = WORKER_GRACE_S
+
+        # Bound to loopback, offers keep only candidates on this host (server/ice.py).
+        self.own_addresses = host_addresses() if settings.is_loopback else None
+        self.create_limiter = PerClientLimiter(settings.create_rate_per_min / 60, settings.create_burst)
+        self._admitting = 0  # creates past the capacity check, still decoding their image
+        self.reclaimer = MemoryReclaimer()
+        self.recordings = RecordingStore(settings.recordings_dir, int(settings.recordings_quota_mib * 2**20))
+        # What recordings name the weights by (server/recording.py); read from the files while loading.
+        self.weights_digest = SYNTHETIC if synthetic is not None else ""
+        self._loader: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """At app start, on the loop: watch the loop's lag, and load the engine in the background."""
+        self.lag.start()
+        self._loader = asyncio.create_task(self._load(), name="engine-load")
+
+    async def stop(self) -> None:
+        """At app shutdown: every session ends with `server_shutdown`, background work is cancelled,
+        the workers stop (killed after `worker_grace_s`) and the recordings close."""
+        bye = "the server is shutting down"
+        await asyncio.gather(*(s.close(EndReason.SERVER_SHUTDOWN, bye) for s in self.sessions.values()))
+        tasks = [task for task in (self._loader, *self.tasks) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.to_thread(self.engine.shutdown, self.worker_grace_s)
+        self.recordings.close()
+        await self.lag.stop()
+
+    async def _load(self) -> None:
+        """Start the engine's workers and run one warm-up chunk; `ready` after that, or the failure
+        recorded (`load_error`) and the process asked to exit."""
+        t0 = time.monotonic()
+        loop = asyncio.get_running_loop()
+        self.engine.on_fatal = lambda error: loop.call_soon_threadsafe(self.engine_failed, error)
+        settings = self.settings
+        try:
+            if not self.weights_digest:
+                self.weights_digest = await asyncio.to_thread(
+                    weights_digest, self.preset, settings.checkpoint_dir, settings.weights_seed
+                )
+            await asyncio.to_thread(self.engine.start)
+            await asyncio.to_thread(self.engine.warm_up)
+        except Exception as exc:
+            self.load_error = str(exc)
+            self.engine_failed(f"it did not start: {self.load_error}")
+            return
+        freeze_startup_objects()  # before any session: what is alive now lives as long as the process
+        self.ready = True
+        self.ready_s = time.monotonic() - t0
+        if self.on_ready is not None:
+            self.on_ready()
+
+    def active_sessions(self) -> int:
+        return sum(s.state in ACTIVE for s in self.sessions.values())
+
+    def require_ready(self) -> None:
+        """Raise unless new sessions can start now."""
+        if self.load_error is not None:
+            raise ServerError(f"the engine failed to start: {self.load_error}")
+        if self.engine.fatal_error is not None:
+            raise ServerError(f"the engine failed: {self.engine.fatal_error}")
+        if self.phase is not Phase.SERVING:
+            raise Draining("the server is shutting down; connect to another instance", retry_after_s=5)
+        if not self.ready:
+            raise Loading("the model is loading; retry shortly", retry_after_s=2)
+        if not self.engine.healthy:
+            raise Restarting("a stage worker is restarting after a failure; retry shortly", retry_after_s=2)
+
+    def node_url(self, path: str) -> str:
+        """`path` on this node: absolute with WORLDRTC_PUBLIC_URL (behind a balancer), else as is."""
+        return f"{self.settings.public_url or ''}{path}"
+
+    def free_slots(self) -> int:
+        return max(0, self.settings.max_sessions - self.active_sessions() - self._admitting)
+
+    def engine_failed(self, error: str) -> None:
+        """The engine cannot serve any more (on the loop): every session ends, the process exits 1."""
+        log.error("the engine failed: %s", error)
+        if self.request_exit is not None:
+            self.request_exit(1)
+
+    def authorize_snapshot(self, snapshot_id: str, request: Request) -> ServerSnapshot:
+        """The snapshot, if the request's bearer may use it (server/snapshot_book.py)."""
+        return self.snapshot_book.authorize(snapshot_id, request, self.settings.api_token, self.engine.snapshots)
+
+    async def new_session(self, body: CreateSessionRequest, request: Request) -> ServerSession:
+        """A session in state `created`, waiting for its offer (REST create, or WHEP); the request's
+        address counts against the per-client creation rate, and its bearer must open the snapshot
+        of a branch. Every refusal comes before any work."""
+        self.require_ready()
+        settings = self.settings
+        client = client_address(request)
+        branch_of = None
+        if body.snapshot is not None:
+            given = body.model_fields_set - {"snapshot", "fps", "max_duration_s", "dispatch"}
+            if given:
+                raise BadRequest(
+                    f"a branch continues its snapshot's {', '.join(sorted(given))}: send 'snapshot' without them"
+                )
+            branch_of = self.authorize_snapshot(body.snapshot, request)
+        wait_s = self.create_limiter.take(client, time.monotonic())
+        if wait_s is not None:
+            self.metrics.sessions_refused.labels("rate_limited").inc()
+            rate = f"{settings.create_burst} at once, then {settings.create_rate_per_min:g} a minute"
+            raise RateLimited(f"too many sessions created from {client} ({rate})", retry_after_s=wait_s)
+        if self.free_slots() == 0:
+            self.metrics.sessions_refused.labels("busy").inc()
+            raise Busy(f"all {settings.max_sessions} session slots are in use; retry later", retry_after_s=5)
+        if body.fps is not None and 90_000 % body.fps:
+            raise BadRequest(
+                f"fps {body.fps} does not divide the 90 kHz video clock; use e.g. 10, 12, 15, 16, 20, 24, 25, 30"
+            )
+        dit = self.preset.dit
+        if body.chunk_frames is not None and dit.local_attn_size_frames != -1:
+            room = dit.local_attn_size_frames - dit.sink_size_frames - 1
+            if body.chunk_frames > room:
+                raise BadRequest(
+                    f"chunk_frames {body.chunk_frames} does not fit the attention window; use at most {room}"
+                )
+        if branch_of is None:
+            self._admitting += 1  # holds the slot while the image decodes off the loop
+            try:
+                scene, image = await asyncio.to_thread(start_image, body, self.preset, settings)
+            finally:
+                self._admitting -= 1
+        else:
+            scene, image = branch_of.origin.scene, branch_of.origin.image
+        session = ServerSession(
+            self.engine,
+            self.preset,
+            settings,
+            self.metrics,
+            image,
+            body.prompt,
+            body.seed,
+            body.max_duration_s,
+            fps=body.fps,
+            chunk_latent_frames=body.chunk_frames,
+            dispatch=body.dispatch,
+            scene=scene,
+            recordings=self.recordings if settings.record else None,
+            weights_digest=self.weights_digest,
+            branch_of=branch_of,
+        )
+        self.sessions[session.id] = session
+        self.snapshot_book.joined(session.origin.line, session.token)
+        self._forget_when_closed(session)
+        return session
+
+    async def local_offer(self, sdp: str) -> str:
+        """An offer as the server answers it: on loopback, without candidates off this host."""
+        if self.own_addresses is not None:
+            sdp = keep_local_candidates(sdp, self.own_addresses)
+        return sdp
+
+    def spectator_count(self) -> int:
+        return sum(len(s.spectators) for s in self.sessions.values())
+
+    def _forget_when_closed(self, session: ServerSession) -> None:
+        # Owned by the app, not the session: the session cancels its own tasks when it closes.
+        async def forget() -> None:
+            await session.wait_closed()
+            self._own(self.reclaimer.session_closed())
+            await asyncio.sleep(self.settings.closed_session_keep_s)
+            self.sessions.pop(session.id, None)
+            self.recordings.remove(session.id)
+
+        self._own(asyncio.get_running_loop().create_task(forget(), name=f"forget-{session.id}"))
+
+    def _own(self, task: asyncio.Task[None] | None) -> None:
+        """Keep a background task until it is done (and cancel it at shutdown)."""
+        if task is not None:
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
