@@ -11,6 +11,7 @@ from server.errors import Conflict, InsufficientStorage, Unavailable
 from server.protocol import Parent
 from server.recording import ChunkEntry
 from workers.chunk_geometry import chunk_first_frame
+from workers.runtime.snapshot_catalog import SnapshotEntry
 
 
 @dataclass
@@ -37,6 +38,20 @@ class ServerSnapshot:
     parent: Parent | None  # the snapshot the session it was taken from started from
     history: list[ChunkEntry] | None = None  # the line's recorded chunks before it (with recordings)
     frames: int = field(init=False)
+
+    @classmethod
+    def of(
+        cls,
+        entry: SnapshotEntry,
+        session_id: str,
+        origin: Origin,
+        parent: Parent | None,
+        history: list[ChunkEntry] | None,
+    ) -> ServerSnapshot:
+        """The engine's catalog entry, with what the server keeps beside it."""
+        return cls(
+            entry.snapshot_id, session_id, entry.chunk_index, entry.nbytes, entry.created_unix, origin, parent, history
+        )
 
     def __post_init__(self) -> None:
         self.frames = chunk_first_frame(self.chunk_index, self.origin.chunk_latent_frames)

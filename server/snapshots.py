@@ -26,7 +26,6 @@ WORLDRTC_SNAPSHOT_SPILL_DIR when it is set). One the memory plan says cannot fit
 any copy (507 `snapshot_too_large`); asking for one that was evicted says so (410 `snapshot_gone`).
 """
 
-import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -78,20 +77,7 @@ async def take_snapshot(state: AppState, session: ServerSession) -> ServerSnapsh
             "(the memory plan), "
             f"over the {state.settings.snapshot_budget_gib:g} GiB budget (WORLDRTC_SNAPSHOT_BUDGET_GIB)"
         )
-    entry = await session.snapshot(SNAPSHOT_WAIT_S)
-    history = None
-    if session.recording is not None:
-        history = await asyncio.to_thread(session.recording.history, entry.chunk_index)
-    snapshot = ServerSnapshot(
-        entry.snapshot_id,
-        session.id,
-        entry.chunk_index,
-        entry.nbytes,
-        entry.created_unix,
-        session.origin,
-        session.parent,
-        history,
-    )
+    snapshot = await session.snapshot(SNAPSHOT_WAIT_S)
     state.snapshot_book.add(snapshot)
     return snapshot
 

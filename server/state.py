@@ -23,6 +23,7 @@ from server.protocol import CreateSessionRequest, EndReason
 from server.rate_limit import PerClientLimiter, client_address
 from server.recording_store import RecordingStore
 from server.session import ACTIVE, ServerSession
+from server.session_spec import SessionSpec
 from server.settings import Settings
 from server.snapshot import ServerSnapshot
 from server.snapshot_book import SnapshotBook
@@ -216,19 +217,25 @@ class AppState:
                 self._admitting -= 1
         else:
             scene, image = branch_of.origin.scene, branch_of.origin.image
+        spec = SessionSpec.resolve(
+            self.preset,
+            settings,
+            image,
+            body.prompt,
+            body.seed,
+            body.max_duration_s,
+            body.fps,
+            body.chunk_frames,
+            scene,
+            branch_of,
+        )
         session = ServerSession(
             self.engine,
             self.preset,
             settings,
             self.metrics,
-            image,
-            body.prompt,
-            body.seed,
-            body.max_duration_s,
-            fps=body.fps,
-            chunk_latent_frames=body.chunk_frames,
+            spec,
             dispatch=body.dispatch,
-            scene=scene,
             recordings=self.recordings if settings.record else None,
             weights_digest=self.weights_digest,
             branch_of=branch_of,
@@ -245,7 +252,7 @@ class AppState:
         return sdp
 
     def spectator_count(self) -> int:
-        return sum(len(s.spectators) for s in self.sessions.values())
+        return sum(len(s.audience) for s in self.sessions.values())
 
     def _forget_when_closed(self, session: ServerSession) -> None:
         # Owned by the app, not the session: the session cancels its own tasks when it closes.

@@ -47,8 +47,8 @@ def watch_url(state: AppState, session: ServerSession) -> str:
 
 def watch_headers(state: AppState, session: ServerSession) -> dict[str, str]:
     """For a WHEP driver's 201: where and how others watch its session."""
-    assert session.watch_token is not None
-    return {WATCH_URL_HEADER: watch_url(state, session), WATCH_TOKEN_HEADER: session.watch_token}
+    assert session.audience.watch_token is not None
+    return {WATCH_URL_HEADER: watch_url(state, session), WATCH_TOKEN_HEADER: session.audience.watch_token}
 
 
 def _same(given: str, token: str | None) -> bool:
@@ -74,16 +74,16 @@ def authorize_watch(
     token = header[7:]
     session = state.sessions.get(session_id)
     if session is not None:
-        if _same(token, session.watch_token) or _same(token, state.settings.api_token):
+        if _same(token, session.audience.watch_token) or _same(token, state.settings.api_token):
             if joining and session.state not in ACTIVE:
                 raise refuse("ended", SessionClosed(f"session {session.id} has ended: there is nothing to watch"))
             return session, token
         if _same(token, session.token):
             why = "that is the session's driver token; watching takes its watch token (watch_token)"
             raise refuse("driver_token", Forbidden(why))
-        if any(_same(token, old) for old in session.revoked_watch_tokens):
+        if any(_same(token, old) for old in session.audience.revoked_watch_tokens):
             raise refuse("revoked", Forbidden("the driver revoked this watch token; ask for a new link"))
-    if any(_same(token, s.watch_token) for s in state.sessions.values() if s is not session):
+    if any(_same(token, s.audience.watch_token) for s in state.sessions.values() if s is not session):
         raise refuse("other_session", Forbidden("this watch token is for another session"))
     raise refuse("wrong", Unauthorized("wrong watch token"))
 
@@ -113,7 +113,7 @@ async def watch(session_id: str, request: Request, state: StateDep) -> Response:
 @router.delete("/watch/{spectator_id}")
 async def stop_watching(session_id: str, spectator_id: str, request: Request, state: StateDep) -> Response:
     session, _ = authorize_watch(state, session_id, request, joining=False)
-    spectator = session.spectators.get(spectator_id)
+    spectator = session.audience.spectators.get(spectator_id)
     if spectator is None:
         raise NotFound(f"no spectator {spectator_id!r} watching session {session_id!r}")
     await spectator.close(EndReason.DELETED, "deleted")
@@ -136,4 +136,4 @@ async def new_watch_token(session: SessionDep, state: StateDep) -> dict[str, Any
 @router.delete("/watch-token")
 async def revoke_watch_token(session: SessionDep) -> dict[str, Any]:
     """Revoke the watch token: its spectators end, and nobody watches until a new one is issued."""
-    return {"spectators_ended": await session.revoke_watch_token()}
+    return {"spectators_ended": await session.audience.revoke()}

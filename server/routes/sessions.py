@@ -40,7 +40,7 @@ async def create_session(request: Request, state: StateDep, body: CreateSessionR
         "recording_url": f"{url}/recording",
         "video_url": f"{url}/video.mp4",
         "watch_url": watch_url(state, session),
-        "watch_token": session.watch_token,
+        "watch_token": session.audience.watch_token,
         "snapshots_url": f"{url}/snapshots",
     }
 
@@ -69,7 +69,7 @@ async def get_recording(session: SessionDep, state: StateDep) -> Response:
     """What regenerates the session (server/recording.py): `python -m benchmarks.replay --recording`."""
     if not state.settings.record:
         raise NotFound("this server keeps no recordings (WORLDRTC_RECORD=false)")
-    record = await asyncio.to_thread(session.recording_record)  # encodes the start image, off the loop
+    record = await asyncio.to_thread(session.line.recording_record)  # encodes the start image, off the loop
     if record is None:
         raise Conflict(f"session {session.id} has not started generating; it has nothing recorded yet")
     body = json.dumps(record, separators=(",", ":"))
@@ -82,7 +82,7 @@ async def get_video(session: SessionDep, state: StateDep) -> StreamingResponse:
     """The frames as generated (not as streamed), as an MP4 that plays while the session runs."""
     if not state.settings.record:
         raise NotFound("this server keeps no recordings (WORLDRTC_RECORD=false)")
-    path = session.video_path()
+    path = session.line.video_path()
     if path is None or not path.is_file():
         raise NotFound(f"session {session.id} has no video (not started, or removed to keep the quota)")
     # The recorder may append a fragment while this is sent: serve the file as it is now.
