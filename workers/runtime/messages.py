@@ -41,7 +41,7 @@ class OpenSession:
     chunk_latent_frames: int
     seed: int = 0
     image: np.ndarray | None = None  # encode: HxWx3 uint8, already fitted to the model resolution
-    prompt: str = ""  # encode
+    prompt: str = ""  # encode (to encode), dit (the text its receipts name)
     context: TensorRef | None = None  # dit: the session's context (prompt embeddings, CLIP tokens) from encode
     snapshot: str | None = None  # every stage: start from this snapshot's part (no image, prompt or context)
 
@@ -54,6 +54,29 @@ class EncodeChunk:
 
 
 @dataclass(frozen=True)
+class EncodePrompt:
+    """Encode a prompt the driver typed while walking: the text encoder's forward on the encode
+    stage, ahead of the chunk work there, off the DiT's path."""
+
+    session_id: str
+    epoch: int
+    version: int  # the session's prompt changes, counted: the DiT is handed the latest one encoded
+    text: str
+    transition_chunks: int
+
+
+@dataclass(frozen=True)
+class PromptChange:
+    """A new context for the DiT from the chunk it comes with on; with `transition_chunks` > 1 the
+    context moves from the old one to it over that many chunks."""
+
+    version: int
+    text: str
+    transition_chunks: int
+    context: TensorRef
+
+
+@dataclass(frozen=True)
 class DenoiseChunk:
     session_id: str
     epoch: int
@@ -61,6 +84,7 @@ class DenoiseChunk:
     cond: TensorRef
     control: ChunkControl
     reset_pose: bool = False
+    prompt: PromptChange | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +143,7 @@ class Shutdown:
 
 Command = (
     OpenSession
+    | EncodePrompt
     | EncodeChunk
     | DenoiseChunk
     | DecodeChunk
@@ -168,6 +193,23 @@ class ChunkDone:
     acks: tuple[Ack, ...] = ()  # inputs this rank has finished reading
     # DiT rank 0: the chunk's control input as the model consumed it (ModelFamily.describe_inputs).
     model_input: dict[str, Any] | None = None
+    # DiT rank 0 of a family with text: the prompt the chunk's context came from (ChunkDenoiser.prompt_receipt).
+    prompt: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class PromptEncoded:
+    """Encode rank 0: a prompt's context, for the DiT's next chunk (the command's fields echoed)."""
+
+    stage: Stage
+    rank: int
+    session_id: str
+    epoch: int
+    version: int
+    text: str
+    transition_chunks: int
+    context: TensorRef
+    busy_s: float
 
 
 @dataclass(frozen=True)
@@ -232,4 +274,14 @@ class StageFailed:
     fatal: bool
 
 
-Reply = WorkerReady | SessionOpened | FramesReady | ChunkDone | SessionClosed | SnapshotTaken | StageStats | StageFailed
+Reply = (
+    WorkerReady
+    | SessionOpened
+    | PromptEncoded
+    | FramesReady
+    | ChunkDone
+    | SessionClosed
+    | SnapshotTaken
+    | StageStats
+    | StageFailed
+)

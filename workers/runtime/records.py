@@ -36,6 +36,7 @@ class ChunkRecord:
     stages: dict[Stage, StageTiming] = field(default_factory=lambda: {s: StageTiming() for s in STAGES})
     control: ChunkControl | None = None  # sampled when the DiT started the chunk
     model_input: dict[str, Any] | None = None  # that control as the DiT consumed it (ModelFamily.describe_inputs)
+    prompt: dict[str, Any] | None = None  # the prompt the DiT's context came from (ChunkDenoiser.prompt_receipt)
     num_frames: int = 0  # handed on so far
     frames_ready_t: float | None = None  # the chunk's first frames handed on
 

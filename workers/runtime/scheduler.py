@@ -30,6 +30,11 @@ Policy:
   chunk the encode stage (the furthest ahead) would start, and each stage copies its state when it
   has finished chunk b − 1 and before it starts chunk b, in its own lane's order; no stage waits
   for another. A session opened from a snapshot starts at chunk b on every stage.
+- Prompts typed while walking: each is encoded on the encode stage as soon as it comes (queued
+  ahead of chunk work there; a newer one replaces a queued older one, so at most one waits and one
+  is encoded per session: latest wins), and the DiT's next chunk to start after it is encoded
+  takes its context (a chunk the DiT has started keeps the context it started with). An encoded
+  prompt overtaken by a newer one before the DiT took it is handed back unread.
 - Close: once nothing is in flight, per-stage state is released one stage at a time, downstream
   first; whatever the session's ledger still holds then has leaked (counted).
 - Deadlines: a stage that has not answered a command by its deadline is hung (a stopped process, a
@@ -61,8 +66,11 @@ from workers.runtime.messages import (
     DecodeChunk,
     DenoiseChunk,
     EncodeChunk,
+    EncodePrompt,
     FramesReady,
     OpenSession,
+    PromptChange,
+    PromptEncoded,
     Reply,
     SessionOpened,
     SnapshotTaken,
@@ -91,6 +99,7 @@ class SessionState(Enum):
 
 class CommandKind(Enum):
     OPEN = "open"
+    PROMPT = "prompt"
     CHUNK = "chunk"
     CLOSE = "close"
     SNAPSHOT = "snapshot"
@@ -173,6 +182,8 @@ class Session:
     ledger: SlotLedger = field(default_factory=SlotLedger)
     last_part: FramesReady | None = None  # a chunk's final frames, held until its decode is done
     snapshot: PendingSnapshot | None = None  # being taken
+    prompt_versions: int = 0  # prompt changes asked for
+    prompt_ready: PromptChange | None = None  # encoded, for the DiT's next chunk
     error: str | None = None
 
     def __post_init__(self) -> None:
@@ -220,7 +231,7 @@ class Lane:
     world_size: int
     alive: bool = False
     assignment: Assignment | None = None
-    queued: deque[OpenSession | CloseSession] = field(default_factory=deque)  # ahead of chunk work
+    queued: deque[OpenSession | EncodePrompt | CloseSession] = field(default_factory=deque)  # ahead of chunk work
     rr: int = 0  # round-robin pointer over sessions
     idle_since: float | None = None
     idle_s: float = 0.0
@@ -277,10 +288,13 @@ class SnapshotDone:
 
 Effect = Send | ReleaseSlots | Deliver | Ended | StageLost | SnapshotDone
 
+_KIND_OF_QUEUED = {OpenSession: CommandKind.OPEN, EncodePrompt: CommandKind.PROMPT, CloseSession: CommandKind.CLOSE}
+
 
 def _inputs_of(cmd: Command) -> tuple[tuple[Stage, TensorRef], ...]:
     if isinstance(cmd, DenoiseChunk):
-        return ((Stage.ENCODE, cmd.cond),)
+        prompt = () if cmd.prompt is None else ((Stage.ENCODE, cmd.prompt.context),)
+        return ((Stage.ENCODE, cmd.cond), *prompt)
     if isinstance(cmd, DecodeChunk):
         return ((Stage.DIT, cmd.latents),)
     if isinstance(cmd, OpenSession) and cmd.context is not None:
@@ -351,6 +365,20 @@ class Scheduler:
             )
         else:
             session.snapshot = PendingSnapshot(snapshot_id, session.next_encode)
+        return self._flush()
+
+    def set_prompt(self, session_id: str, text: str, transition_chunks: int = 1) -> list[Effect]:
+        """A new prompt for a running session, from its DiT's next chunk once encoded (see Policy)."""
+        session = self.sessions.get(session_id)
+        if session is None or session.state not in (SessionState.OPENING, SessionState.RUNNING):
+            return self._flush()
+        session.prompt_versions += 1
+        lane = self.lanes[Stage.ENCODE]
+        older = [c for c in lane.queued if isinstance(c, EncodePrompt) and c.session_id == session_id]
+        for cmd in older:
+            lane.queued.remove(cmd)
+        spec = session.spec
+        lane.queued.append(EncodePrompt(spec.id, spec.epoch, session.prompt_versions, text, transition_chunks))
         return self._flush()
 
     def close(self, session_id: str, error: str | None = None) -> list[Effect]:
@@ -429,9 +457,10 @@ class Scheduler:
             if lane.queued:
                 cmd = lane.queued.popleft()
                 session = self.sessions.get(cmd.session_id)
+                if isinstance(cmd, EncodePrompt) and (session is None or session.state is not SessionState.RUNNING):
+                    continue  # the session is closing: its prompt is moot
                 if session is not None:
-                    kind = CommandKind.CLOSE if isinstance(cmd, CloseSession) else CommandKind.OPEN
-                    self._assign(lane, cmd, kind, session, None, now)
+                    self._assign(lane, cmd, _KIND_OF_QUEUED[type(cmd)], session, None, now)
                 continue
             order = list(self.sessions.values())
             for i in range(len(order)):
@@ -498,7 +527,8 @@ class Scheduler:
             k, cond = s.encoded.popleft()
             s.next_dit += 1
             s.record(k).control = control
-            return DenoiseChunk(s.id, s.spec.epoch, k, cond, control, reset)
+            prompt, s.prompt_ready = s.prompt_ready, None
+            return DenoiseChunk(s.id, s.spec.epoch, k, cond, control, reset, prompt)
         if not s.denoised:
             return None
         k, latents = s.denoised.popleft()
@@ -543,7 +573,7 @@ class Scheduler:
         if session is None or not current:
             self.counters["late_results_dropped"] += 1
             out = first.output if isinstance(first, ChunkDone) else None
-            if isinstance(first, SessionOpened):
+            if isinstance(first, SessionOpened | PromptEncoded):
                 out = first.context
             if out is not None:
                 self._release_acks(stage, [Ack.of(out, "discarded")])
@@ -563,6 +593,8 @@ class Scheduler:
             return
         if isinstance(first, SessionOpened):
             self._on_opened(session, stage, first)
+        elif isinstance(first, PromptEncoded):
+            self._on_prompt_encoded(session, first)
         else:
             assert isinstance(first, ChunkDone), first
             ranks = sorted((r for r in replies if isinstance(r, ChunkDone)), key=lambda r: r.rank)
@@ -585,6 +617,7 @@ class Scheduler:
                     spec.epoch,
                     spec.chunk_latent_frames,
                     spec.seed,
+                    prompt=spec.prompt,
                     context=reply.context,
                     snapshot=spec.snapshot,
                 )
@@ -592,12 +625,25 @@ class Scheduler:
         if session.opened == set(STAGES) and session.state is SessionState.OPENING:
             session.state = SessionState.RUNNING
 
+    def _on_prompt_encoded(self, session: Session, reply: PromptEncoded) -> None:
+        self.lanes[Stage.ENCODE].busy_s += reply.busy_s
+        if session.state is not SessionState.RUNNING:
+            self._release_acks(Stage.ENCODE, [Ack.of(reply.context, "discarded")])
+            return
+        overtaken = session.prompt_ready
+        if overtaken is not None:  # encoded, and replaced before the DiT took it
+            self._release(session, Stage.ENCODE, [overtaken.context], "discarded")
+        session.ledger.track(reply.context)
+        session.prompt_ready = PromptChange(reply.version, reply.text, reply.transition_chunks, reply.context)
+
     def _on_chunk_done(self, session: Session, stage: Stage, reply: ChunkDone, now: float) -> None:
         rec = session.record(reply.chunk_index)
         tm = rec.stages[stage]
         tm.done_t, tm.busy_s = now, reply.busy_s
         if reply.model_input is not None:
             rec.model_input = reply.model_input
+        if reply.prompt is not None:
+            rec.prompt = reply.prompt
         self.lanes[stage].busy_s += reply.busy_s
         if stage is Stage.DECODE:  # its frames came ahead, as FramesReady parts
             last, session.last_part = session.last_part, None
@@ -684,6 +730,9 @@ class Scheduler:
         self._maybe_finish_close(session)
 
     def _discard_queued(self, session: Session) -> None:
+        prompt, session.prompt_ready = session.prompt_ready, None
+        if prompt is not None:
+            self._release(session, Stage.ENCODE, [prompt.context], "discarded")
         if session.last_part is not None:
             self._release(session, Stage.DECODE, [session.last_part.output], "discarded")
             session.last_part = None

@@ -24,8 +24,10 @@ from workers.runtime.messages import (
     DecodeChunk,
     DenoiseChunk,
     EncodeChunk,
+    EncodePrompt,
     FramesReady,
     OpenSession,
+    PromptEncoded,
     Reply,
     SessionClosed,
     SessionOpened,
@@ -130,11 +132,14 @@ class FakeWorkers:
             self.reply(stage, SnapshotTaken(stage, 0, cmd.session_id, cmd.epoch, cmd.snapshot_id, 100))
         elif isinstance(cmd, EncodeChunk):
             self.reply(stage, ChunkDone(stage, 0, cmd.session_id, cmd.epoch, cmd.chunk_index, 0.1, self.slot(stage)))
+        elif isinstance(cmd, EncodePrompt):
+            e, context = cmd.epoch, self.slot(stage)
+            self.reply(stage, PromptEncoded(stage, 0, cmd.session_id, e, cmd.version, cmd.text, 1, context, 0.05))
         elif isinstance(cmd, DenoiseChunk):
             out = self.slot(stage)
-            self.reply(
-                stage, ChunkDone(stage, 0, cmd.session_id, cmd.epoch, cmd.chunk_index, 0.5, out, (Ack(cmd.cond),))
-            )
+            read = (cmd.cond,) if cmd.prompt is None else (cmd.cond, cmd.prompt.context)
+            acks = tuple(Ack(ref) for ref in read)
+            self.reply(stage, ChunkDone(stage, 0, cmd.session_id, cmd.epoch, cmd.chunk_index, 0.5, out, acks))
         else:
             assert isinstance(cmd, DecodeChunk)
             s, e, k = cmd.session_id, cmd.epoch, cmd.chunk_index
@@ -407,3 +412,58 @@ def test_closing_mid_chunk_discards_queued_work_and_closes_in_reverse() -> None:
 def test_bad_construction() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         Scheduler({s: 1 for s in STAGES}, prefetch_chunks=0)
+
+
+def prompts_taken(fw: FakeWorkers) -> list[tuple[int, str | None]]:
+    return [(c.chunk_index, None if c.prompt is None else c.prompt.text) for _, c in commands(fw, DenoiseChunk)]
+
+
+def test_a_prompt_is_encoded_at_once_and_taken_by_the_dits_next_chunk_latest_wins() -> None:
+    fw, viewer = make(), Viewer()
+    spec = open_session(fw, viewer, max_chunks=6)
+    for _ in range(6):  # open, and a chunk or two under way
+        fw.step()
+        for stage in reversed(STAGES):
+            if stage in fw.computing:
+                fw.finish(stage)
+    started = len(commands(fw, DenoiseChunk))
+    fw.run(fw.sched.set_prompt(spec.id, "rain"))
+    fw.run(fw.sched.set_prompt(spec.id, "snow", transition_chunks=3))  # before the first was sent
+    fw.drain()
+    sent = [(c.version, c.text, c.transition_chunks) for _, c in commands(fw, EncodePrompt)]
+    assert sent == [(2, "snow", 3)]  # the older one never reached the encoder
+    taken = prompts_taken(fw)
+    assert [text for _, text in taken if text is not None] == ["snow"]  # once, by one chunk
+    assert next(k for k, text in taken if text is not None) >= started  # never a chunk already started
+    assert viewer.ended == [None] and fw.handed_out == {} and fw.sched.counters["leaked_slots"] == 0
+
+
+def test_an_encoded_prompt_overtaken_before_the_dit_took_it_is_handed_back() -> None:
+    fw, viewer = make(), Viewer(verdicts=["start"] + [None] * 40)  # the DiT holds chunk 1 back
+    spec = open_session(fw, viewer, max_chunks=3)
+    fw.drain()
+    fw.run(fw.sched.set_prompt(spec.id, "night"))
+    fw.step()
+    fw.finish(Stage.ENCODE)
+    fw.run(fw.sched.set_prompt(spec.id, "fog"))
+    fw.step()
+    fw.finish(Stage.ENCODE)
+    assert [a.outcome for stage, a in fw.released if stage is Stage.ENCODE][-1] == "discarded"
+    viewer.verdicts.clear()
+    fw.drain()
+    assert [text for _, text in prompts_taken(fw) if text is not None] == ["fog"]
+    assert fw.handed_out == {} and fw.sched.counters["leaked_slots"] == 0
+
+
+def test_closing_with_a_prompt_waiting_gives_its_slot_back() -> None:
+    fw, viewer = make(), Viewer(verdicts=["start"] + [None] * 40)
+    spec = open_session(fw, viewer)
+    fw.drain()
+    fw.run(fw.sched.set_prompt(spec.id, "dusk"))
+    fw.step()
+    fw.finish(Stage.ENCODE)
+    fw.run(fw.sched.close(spec.id))
+    fw.drain()
+    assert viewer.ended == [None] and fw.handed_out == {} and fw.sched.counters["leaked_slots"] == 0
+    fw.run(fw.sched.set_prompt(spec.id, "ignored"))  # a session that is gone: nothing happens
+    assert fw.computing == {}
