@@ -8,13 +8,14 @@ TORCH_SPEC ?= torch==2.13.0
 RUN_ARGS ?= --placement cpu
 REPLAY_ARGS ?= --chunks 8 --seed 0 --out runs/replay.json --video runs/replay.mp4
 PYTEST_ARGS ?=
-# The fast tier: no spawned process, no training, no browser (markers in pyproject.toml).
-FAST_MARKERS := not (processes or training or browser or gpu or slow or container or parity)
+# The fast tier: no spawned process, no training, no browser, no model run of a second or more
+# (markers in pyproject.toml).
+FAST_MARKERS := not (processes or training or browser or heavy or long or gpu or slow or container or parity)
 
 # The parity suite's reference implementations (tests/parity/requirements.txt), test-only.
 PARITY_SITE ?= .parity
 
-.PHONY: setup run replay test test-fast test-parity test-container lint packages parity-deps clean
+.PHONY: setup run replay test test-long test-fast test-parity test-container lint packages parity-deps clean
 
 setup: $(VENV)/.installed
 
@@ -64,10 +65,15 @@ lint: setup
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
 
-# The full suite CI runs (soak tests marked `slow` only on purpose: `pytest -m slow`); it ends with
-# its 20 slowest tests, which is where to look when it grows past about 20 minutes.
+# The default suite (under 15 minutes on two cores); it ends with its 20 slowest tests, which is
+# where to look when it grows. Streams and rehearsals of 15 s or more are `long` (make test-long,
+# which CI runs after this); soaks marked `slow` run only on purpose: `pytest -m slow`.
 test: lint packages parity-deps
-	$(PY) -m pytest -m "not (slow or container)" --durations=20 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not (long or slow or container)" --durations=20 $(PYTEST_ARGS)
+
+# The long streams, soak rows at their short size and benchmark rehearsals (about 10 minutes).
+test-long: packages parity-deps
+	$(PY) -m pytest -m "long and not (slow or container)" --durations=10 $(PYTEST_ARGS)
 
 # The model code against independent implementations (docs/correctness.md).
 test-parity: parity-deps

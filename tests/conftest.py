@@ -2,8 +2,9 @@
 test tiers.
 
 Tiers are markers: `processes` (starts worker processes, gloo ranks or subprocesses), `training`
-(runs training loops), `browser` (drives Chromium), `gpu` (needs CUDA), `slow` (soak; only on
-purpose). `make test-fast` runs the tests with none of them. The tier is enforced: a test without
+(runs training loops), `browser` (drives Chromium), `gpu` (needs CUDA), `heavy` (a model run of a
+second or more), `long` (15 s or more: `make test-long`), `slow` (soak; only on purpose).
+`make test-fast` runs the tests with none of them. The tier is enforced: a test without
 one of the process-starting markers that starts a process fails, naming the marker to add.
 """
 

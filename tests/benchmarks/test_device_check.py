@@ -20,6 +20,7 @@ def test_without_cuda_it_asks_for_a_rehearsal(capsys: pytest.CaptureFixture[str]
     assert "no CUDA device here; --rehearse" in capsys.readouterr().err
 
 
+@pytest.mark.long
 @pytest.mark.processes
 def test_the_rehearsal_runs_every_step_a_cpu_can(tmp_path) -> None:
     cmd = [sys.executable, "-m", "benchmarks.device_check", "--rehearse", "--out", str(tmp_path)]

@@ -73,6 +73,7 @@ def test_run_report_and_video(tmp_path, capsys) -> None:
     assert all(f.shape == (128, 128, 3) for f in frames)
 
 
+@pytest.mark.heavy
 def test_frames_hash_is_deterministic_and_input_sensitive(tmp_path) -> None:
     """On the in-process engine at this process's thread count (engines agree: the next tests)."""
     turn_right = tmp_path / "turn_right.json"
@@ -112,6 +113,7 @@ def test_out_is_required(capsys) -> None:
     assert "--out" in capsys.readouterr().err
 
 
+@pytest.mark.long
 @pytest.mark.processes
 def test_pipeline_and_in_process_engines_agree(tmp_path) -> None:
     pipelined = _replay(tmp_path, "pipelined", "--schedule", "pipelined")

@@ -122,6 +122,7 @@ def test_figures_against_their_targets() -> None:
     assert f["unique_fps_fraction_min"]["value"] == 0.0
 
 
+@pytest.mark.long
 @pytest.mark.processes
 def test_short_run_against_the_synthetic_model(tmp_path, capsys) -> None:
     out = tmp_path / "spectators.json"

@@ -16,6 +16,7 @@ from benchmarks.world_eval import CONTROLS, main, parse_args, spread, versus_bas
 pytestmark = pytest.mark.processes
 
 
+@pytest.mark.long
 def test_world_eval_writes_report_and_strip(tmp_path: Path) -> None:
     out = tmp_path / "EVAL.json"
     args = ["--walks", "1", "--walk-chunks", "2", "--control-starts", "1", "--geometry-clips", "1"]
@@ -69,6 +70,7 @@ def test_world_eval_refuses_an_unreadable_or_vae_only_baseline_before_evaluating
     assert not (tmp_path / "EVAL.json").exists()
 
 
+@pytest.mark.long
 def test_a_baseline_of_other_walks_loses_its_comparison_not_the_evaluation(tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere.json"  # right count and length, other starts: found only after walking
     walk = {"start": {"x": -1.0, "z": -1.0, "yaw_deg": 0.0}, "keys": ["w"]}

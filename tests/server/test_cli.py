@@ -94,6 +94,7 @@ def test_fetch_offline_says_what_it_would_download(tmp_path: Path) -> None:
     assert done.returncode == 1 and "HF_HUB_OFFLINE is set" in done.stderr
 
 
+@pytest.mark.long
 def test_plan_and_replay_run_from_the_command(tmp_path: Path) -> None:
     done = worldrtc("plan", "lingbot-world-v2-1.3b", "--placement", "1gpu", "--device-gib", "80")
     assert done.returncode == 0 and "cuda:0" in done.stdout, done.stdout + done.stderr

@@ -30,6 +30,7 @@ def _last_row(chunk: dict, what: str) -> list[float]:
     return chunk["model_input"][what][-1][-1]
 
 
+@pytest.mark.long
 async def test_keys_and_look_reach_the_action_tensors(server) -> None:
     url, _ = server
     model = httpx.get(f"{url}/v1/model").json()

@@ -56,6 +56,7 @@ def capacity(node: ServerProcess) -> httpx.Response:
     return httpx.get(f"{node.url}/capacityz", timeout=10)
 
 
+@pytest.mark.long
 def test_sessions_spread_over_nodes_and_a_freed_slot_takes_the_next(nodes: list[ServerProcess], balancer: str) -> None:
     node_urls = {n.url for n in nodes}
     assert [capacity(n).json() for n in nodes] == [{"free": 1, "max_sessions": 1}] * 2

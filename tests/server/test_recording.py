@@ -56,6 +56,7 @@ def _video_frames(data: bytes, path: Path, growing: bool = False) -> int:
     return frames
 
 
+@pytest.mark.long
 @pytest.mark.processes
 async def test_a_session_is_recorded_and_regenerates_exactly(server) -> None:
     url, _, tmp = server

@@ -50,6 +50,7 @@ async def digests(client: Session, upto: int) -> dict[int, str]:
     raise AssertionError(f"chunks below {upto} never all recorded: {sorted(found)}")
 
 
+@pytest.mark.long
 async def test_branch_and_rewind_regenerate_the_same_frames(server_url: str, tmp_path: Path) -> None:
     # Traced before any session: seconds of CPU that would starve this process's peers of their RTCP.
     planned = plan_memory(get_preset("gridworld"), PLACEMENTS["cpu"], 1, machine_capacity()).snapshot_bytes

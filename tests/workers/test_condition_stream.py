@@ -5,6 +5,7 @@ every condition equals what encoding each chunk would give."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from workers.images import to_model_range
@@ -33,6 +34,7 @@ def _encoded_every_chunk(vae, image: torch.Tensor, chunk: int) -> list[torch.Ten
     return out
 
 
+@pytest.mark.heavy
 def test_the_fixed_point_is_exact_and_lets_the_caches_go() -> None:
     vae = load_vae(TINY, CPU, None)
     rgb = np.random.default_rng(0).integers(0, 256, (TINY.height_px, TINY.width_px, 3), np.uint8)

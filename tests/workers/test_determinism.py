@@ -35,6 +35,7 @@ def test_intra_op_threads_sets_and_restores(two_ambient_threads: None) -> None:
         pass
 
 
+@pytest.mark.heavy
 def test_in_process_engine_runs_at_its_thread_count_whatever_the_caller_uses(
     two_ambient_threads: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -60,6 +61,7 @@ def test_in_process_engine_runs_at_its_thread_count_whatever_the_caller_uses(
         SerialEngine.load("tiny", cpu_threads=0)
 
 
+@pytest.mark.heavy
 def test_one_and_two_threads_agree_within_the_stated_tolerance() -> None:
     one = reference_frames(seed=5, num_chunks=2, controls=CONTROLS, cpu_threads=1)
     two = reference_frames(seed=5, num_chunks=2, controls=CONTROLS, cpu_threads=2)

@@ -26,6 +26,7 @@ def run(engine: SerialEngine, controls: list[list[str]], seed: int = 0) -> list[
     return out
 
 
+@pytest.mark.heavy
 def test_changing_chunk_k_controls_changes_no_earlier_frame(engine: SerialEngine) -> None:
     a = run(engine, [["w"], ["w"], ["w"]])
     b = run(engine, [["w"], ["w"], ["l"]])
@@ -36,6 +37,7 @@ def test_changing_chunk_k_controls_changes_no_earlier_frame(engine: SerialEngine
     assert not np.array_equal(a[2], b[2]), "chunk 2's controls did not affect chunk 2"
 
 
+@pytest.mark.heavy
 def test_same_seed_same_frames_other_seed_other_frames(engine: SerialEngine) -> None:
     a = run(engine, [["d"]], seed=3)
     b = run(engine, [["d"]], seed=3)

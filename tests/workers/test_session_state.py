@@ -31,6 +31,7 @@ def gridworld() -> SerialEngine:
     return SerialEngine.load("gridworld")
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("taken_after", [1, 5], ids=["early", "after-window-roll"])
 def test_branch_continues_bit_exact(engine: SerialEngine, taken_after: int) -> None:
     """The window holds 12 latent frames of 4-frame chunks: after 5 chunks it has rolled."""
@@ -44,6 +45,7 @@ def test_branch_continues_bit_exact(engine: SerialEngine, taken_after: int) -> N
     assert again.chunks_done == session.chunks_done and again.frames_done == session.frames_done
 
 
+@pytest.mark.heavy
 def test_branches_are_independent(gridworld: SerialEngine) -> None:
     session = gridworld.create_session(IMAGE, "a walk", seed=7)
     steps(session, WALK[:2])
@@ -56,6 +58,7 @@ def test_branches_are_independent(gridworld: SerialEngine) -> None:
     assert all(np.array_equal(a, b) for a, b in zip(steps(session, WALK[2:4]), same, strict=True))
 
 
+@pytest.mark.heavy
 def test_snapshot_is_on_the_host_and_sized(gridworld: SerialEngine) -> None:
     session = gridworld.create_session(IMAGE, "", seed=0)
     steps(session, WALK[:1])
@@ -65,6 +68,7 @@ def test_snapshot_is_on_the_host_and_sized(gridworld: SerialEngine) -> None:
     assert saved.nbytes > kv > 0
 
 
+@pytest.mark.heavy
 def test_spilled_part_restores_the_same(gridworld: SerialEngine, tmp_path) -> None:
     session = gridworld.create_session(IMAGE, "", seed=3)
     steps(session, WALK[:2])

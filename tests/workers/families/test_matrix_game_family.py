@@ -128,6 +128,7 @@ def _run(engine: SerialEngine, controls: list[ChunkControl], seed: int = SEED) -
     return [session.step(c).frames for c in controls]
 
 
+@pytest.mark.heavy
 def test_chunks_and_determinism(engine: SerialEngine) -> None:
     walk = [ChunkControl.from_keys(["w"]), ChunkControl.from_keys(["w", "l"]), ChunkControl()]
     first = _run(engine, walk)
@@ -155,6 +156,7 @@ def test_keys_and_look_reach_the_action_tensors(engine: SerialEngine) -> None:
     assert torch.tensor(consumed[0]["mouse"]).abs().max() == 0
 
 
+@pytest.mark.heavy
 def test_memory_plan_and_placements() -> None:
     # The action modules run on one DiT rank: a sequence-parallel placement is refused by name.
     with pytest.raises(PlacementError, match="at most 1 rank"):

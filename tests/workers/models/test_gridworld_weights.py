@@ -65,6 +65,7 @@ def test_missing_bundled_weights_say_how_to_get_them() -> None:
         loading.checkpoint_dir_for(replace(GRIDWORLD, bundled_weights="not-there"), None)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("preset", EMBEDDED)
 def test_generation_is_deterministic_and_not_degenerate(
     preset: ModelPreset, engines: dict[str, SerialEngine], world: World
@@ -80,6 +81,7 @@ def test_generation_is_deterministic_and_not_degenerate(
     assert psnr_db(a[-1:], a[:1])[0] < 30.0, "walking forward did not change the view"
 
 
+@pytest.mark.heavy
 def test_turning_left_looks_like_the_renderers_left_view(engines: dict[str, SerialEngine], world: World) -> None:
     # The default's promise only: from this start gridworld-4x turns right under L (16.4 against
     # 12.6 dB) but not left under J (12.8 dB to the left view, 15.1 to the right), though it follows

@@ -97,6 +97,7 @@ def _devices() -> list[Any]:
     return [pytest.param(torch.device("meta"), id="meta"), cuda]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("device", _devices())
 @pytest.mark.parametrize("preset", ["tiny", "gridworld"])
 def test_a_dit_step_neither_copies_from_the_host_nor_reads_back(device: torch.device, preset: str) -> None:

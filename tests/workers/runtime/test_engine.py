@@ -69,6 +69,7 @@ def test_sharded_placement_reproduces_serial_engine() -> None:
     assert_frames_close(expected, got, "sharded placement vs serial engine")
 
 
+@pytest.mark.long
 def test_concurrent_sessions_get_their_own_frames_in_order_under_random_delays() -> None:
     faults = {s: FaultSpec(max_delay_s=0.05, seed=i) for i, s in enumerate(Stage)}
     with PipelineEngine("tiny", PLACEMENTS["cpu"], "pipelined", faults=faults) as engine:

@@ -126,6 +126,7 @@ def test_snapshot_of_an_ended_session_says_why(engine: PipelineEngine) -> None:
     assert entry is None and "only a running session can be saved" in (error or "")
 
 
+@pytest.mark.long
 def test_budget_refuses_evicts_and_spills(tmp_path) -> None:
     # A snapshot of the first chunks, before the condition encoder's fixed point, as the plan counts it.
     size = plan_memory(get_preset("tiny"), PLACEMENTS["cpu"], 1, machine_capacity()).snapshot_bytes

@@ -43,6 +43,7 @@ def test_live_bytes_counts_new_storages_until_their_last_view_is_gone() -> None:
     assert live.live_bytes == 0
 
 
+@pytest.mark.heavy
 def test_traced_footprints_equal_the_real_objects() -> None:
     preset = get_preset("tiny")
     dit_fp = footprint.dit_footprint(preset, torch.float32)
@@ -62,6 +63,7 @@ def test_traced_footprints_equal_the_real_objects() -> None:
     assert dec_fp.session_bytes == cached
 
 
+@pytest.mark.heavy
 def test_the_meta_trace_counts_what_the_real_trace_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     """Large models are traced on meta, small ones on the CPU: both must give one answer."""
     preset = get_preset("tiny")
@@ -77,6 +79,7 @@ def test_the_meta_trace_counts_what_the_real_trace_counts(monkeypatch: pytest.Mo
     assert meta == real
 
 
+@pytest.mark.heavy
 def test_plan_cli_prints_every_part_per_device(capsys: pytest.CaptureFixture[str]) -> None:
     assert models_cli(["plan", "lingbot-world-v2-14b", "--placement", "4gpu", "--max-sessions", "1"]) == 0
     out = capsys.readouterr().out
@@ -98,6 +101,7 @@ def test_plan_cli_prints_every_part_per_device(capsys: pytest.CaptureFixture[str
         assert part in out, part
 
 
+@pytest.mark.heavy
 def test_plan_cli_says_what_does_not_fit_and_what_would(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["plan", "lingbot-world-v2-14b", "--placement", "1gpu", "--max-sessions", "1", "--device-gib", "80"]
     assert models_cli(argv) == 1
@@ -109,6 +113,7 @@ def test_plan_cli_says_what_does_not_fit_and_what_would(capsys: pytest.CaptureFi
     assert data["fits"] is False and data["device_totals"]["cuda:0"]["capacity_bytes"] == 80 * GIB
 
 
+@pytest.mark.heavy
 def test_plan_cli_counts_the_sessions_that_fit_per_card_size(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["plan", "matrix-game-2-universal", "--placement", "1gpu", "--fit-gib", "16,24,80"]
     assert models_cli(argv) == 0
@@ -122,6 +127,7 @@ def test_plan_cli_counts_the_sessions_that_fit_per_card_size(capsys: pytest.Capt
     assert models_cli([*argv[:-1], "24,x"]) == 2
 
 
+@pytest.mark.heavy
 def test_a_placement_that_cannot_fit_is_refused_naming_device_shortfall_and_alternatives() -> None:
     preset = get_preset("lingbot-world-v2-14b")
     with pytest.raises(PlacementError) as err:
@@ -135,6 +141,7 @@ def test_a_placement_that_cannot_fit_is_refused_naming_device_shortfall_and_alte
     assert one.fits and two.fits
 
 
+@pytest.mark.heavy
 def test_the_server_refuses_a_placement_the_host_cannot_hold() -> None:
     with pytest.raises(PlacementError, match=r"host \(cpu\) needs .* GiB short"):
         create_app(Settings(host_memory_gib=0.25))
