@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,6 +56,7 @@ class ChunkResult:
     first_frame_index: int  # index of frames[0] in the session's video
     control: ChunkControl
     timings: StageTimings
+    prompt: dict[str, Any] | None = None  # the prompt the chunk's DiT read (ChunkDenoiser.prompt_receipt)
 
 
 @dataclass
@@ -90,6 +92,7 @@ class SerialSession:
             first_frame_index=self.frames_done,
             control=control,
             timings=StageTimings(encode_s=t1 - t0, denoise_s=t2 - t1, decode_s=t3 - t2),
+            prompt=self.denoise.prompt_receipt(),
         )
         self.chunks_done += 1
         self.frames_done += len(frames)
@@ -173,6 +176,15 @@ class SerialEngine:
             raise ValueError(f"the snapshot is not of a {self.preset.name} session of this engine")
         return session
 
+    def set_prompt(self, session: SerialSession, text: str, transition_chunks: int = 1) -> None:
+        """The session's prompt from its next chunk on, reached over `transition_chunks` chunks
+        (what the pipeline does when the DiT takes a prompt change with a chunk)."""
+        if not self.family.live_prompts:
+            raise ValueError(f"{self.preset.name} takes no text: its prompt cannot change")
+        with intra_op_threads(self.cpu_threads):
+            context = self.context_encoder.encode_prompt(text)
+            session.denoise.change_prompt(context.to(session.denoise.device), text, transition_chunks)
+
     def create_session(
         self,
         image: str | Path | np.ndarray,
@@ -197,7 +209,7 @@ class SerialEngine:
                 chunk_latent_frames=chunk,
                 condition=ImageConditionStream(self.vae, rgb, p, chunk),
                 control=self.family.control_track(p),
-                denoise=self.family.open_denoise(self.dit, p, context, seed, chunk),
+                denoise=self.family.open_denoise(self.dit, p, context, seed, chunk, prompt=prompt),
                 decode=DecodeSession(self.vae),
                 cpu_threads=self.cpu_threads,
             )

@@ -51,6 +51,10 @@ class ContextEncoder(Protocol):
         """image [3, H, W] in [-1, 1] at the preset's resolution, prompt -> context [tokens, dim]."""
         ...
 
+    def encode_prompt(self, prompt: str) -> torch.Tensor:
+        """A prompt typed mid-session -> the context it changes to (families with `live_prompts`)."""
+        ...
+
 
 class ControlTrack(Protocol):
     """A session's control state on the DiT stage: what the person did, as the model takes it."""
@@ -70,6 +74,14 @@ class ChunkDenoiser(Protocol):
         """cond [1, 20, C, h, w] and the chunk's inputs, on the device -> clean latents [1, 16, C, h, w]."""
         ...
 
+    def change_prompt(self, context: torch.Tensor, text: str, transition_chunks: int) -> None:
+        """Read `context` (copied) from the next chunk on, reached over `transition_chunks` chunks."""
+        ...
+
+    def prompt_receipt(self) -> dict[str, Any] | None:
+        """The prompt the last chunk read ({text} or {text, weight, from}); None for a family without text."""
+        ...
+
 
 @dataclass(frozen=True)
 class SessionStateBytes:
@@ -84,6 +96,8 @@ class ModelFamily(ABC):
     context_name: str  # the context encoder as plans and logs name it ("umT5", "CLIP ViT-H/14")
     # DiT ranks a placement may give it: None, any count the heads and tokens divide by (Ulysses).
     max_dit_ranks: int | None = None
+    # Whether a session's prompt can change while it runs (a family conditioned on text).
+    live_prompts: bool = False
 
     @abstractmethod
     def meta_components(self, preset: ModelPreset) -> dict[str, nn.Module]:
@@ -139,6 +153,7 @@ class ModelFamily(ABC):
         seed: int,
         chunk_latent_frames: int,
         sp: SequenceParallel | None = None,
+        prompt: str = "",
     ) -> ChunkDenoiser: ...
 
     @abstractmethod

@@ -39,10 +39,15 @@ class PromptEncoder:
     def encode(self, image: torch.Tensor, prompt: str) -> torch.Tensor:
         return self.text_encoder.encode([prompt])[0]
 
+    @torch.no_grad()
+    def encode_prompt(self, prompt: str) -> torch.Tensor:
+        return self.text_encoder.encode([prompt])[0]
+
 
 class LingBotWorld(ModelFamily):
     family = Family.LINGBOT_WORLD
     context_name = "umT5"
+    live_prompts = True
 
     def meta_components(self, preset: ModelPreset) -> dict[str, nn.Module]:
         return components.meta_components(preset)
@@ -92,9 +97,10 @@ class LingBotWorld(ModelFamily):
         seed: int,
         chunk_latent_frames: int,
         sp: SequenceParallel | None = None,
+        prompt: str = "",
     ) -> DenoiseSession:
         assert isinstance(dit, WanDiT)
-        return DenoiseSession(dit, preset, [context], seed, chunk_latent_frames, sp)
+        return DenoiseSession(dit, preset, context, seed, chunk_latent_frames, sp, prompt)
 
     def session_state_bytes(self, preset: ModelPreset, dtype: torch.dtype) -> SessionStateBytes:
         cfg = preset.dit

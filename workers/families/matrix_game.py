@@ -78,6 +78,9 @@ class ImageTokenEncoder:
         device = self.tower.patch_embedding.weight.device
         return self.tower(preprocess(image.to(device), self.config))[0]  # [257, 1280] float32
 
+    def encode_prompt(self, prompt: str) -> torch.Tensor:
+        raise NotImplementedError("Matrix-Game takes no text: its prompt cannot change")
+
 
 class MatrixGame(ModelFamily):
     family = Family.MATRIX_GAME
@@ -169,6 +172,7 @@ class MatrixGame(ModelFamily):
         seed: int,
         chunk_latent_frames: int,
         sp: SequenceParallel | None = None,
+        prompt: str = "",
     ) -> ActionDenoiseSession:
         if sp is not None:
             raise ValueError(f"{preset.name}: the action modules run on one DiT rank")

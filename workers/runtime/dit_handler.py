@@ -17,6 +17,7 @@ from workers.families.registry import family_for
 from workers.models.presets import get_preset
 from workers.parallel.group import StageGroup
 from workers.parallel.ulysses import SequenceParallel
+from workers.runtime.channel import TensorRef
 from workers.runtime.handler import StageHandler
 from workers.runtime.messages import Command, DenoiseChunk, OpenSession, Reply, SessionOpened
 from workers.runtime.spec import WorkerSpec
@@ -50,13 +51,20 @@ class DitHandler(StageHandler):
             assert msg.context is not None, "the DiT needs the session's context"
             context = self.take(msg.context)
             p = self.preset
-            denoise = self.family.open_denoise(self.dit, p, context, msg.seed, msg.chunk_latent_frames, self.sp)
+            denoise = self.family.open_denoise(
+                self.dit, p, context, msg.seed, msg.chunk_latent_frames, self.sp, prompt=msg.prompt
+            )
             self.sessions[msg.session_id] = DitSession(denoise, self.family.control_track(p))
             yield SessionOpened(stage, rank, msg.session_id, msg.epoch, acks=self.done_with(msg.context))
         elif isinstance(msg, DenoiseChunk):
             session: DitSession = self.sessions[msg.session_id]
             self.check_fault(msg.chunk_index)
             cond = self.take(msg.cond)
+            read: tuple[TensorRef, ...] = (msg.cond,)
+            if msg.prompt is not None:  # from this chunk on (the denoise session copies the context)
+                change = msg.prompt
+                session.denoise.change_prompt(self.take(change.context), change.text, change.transition_chunks)
+                read += (change.context,)
             with self.timed() as timer:
                 if msg.reset_pose:
                     session.control.reset_pose()
@@ -66,6 +74,7 @@ class DitHandler(StageHandler):
                 latents = session.denoise.run_chunk(cond, inputs.to(self.device))
             out = self.publish(latents, shard_dim=LATENT_ROW_DIM, num_shards=self.spec.output_shards)
             described = self.family.describe_inputs(inputs) if rank == 0 else None
-            yield self.chunk_done(msg, timer.busy_s, out, (msg.cond,), model_input=described)
+            receipt = session.denoise.prompt_receipt() if rank == 0 else None
+            yield self.chunk_done(msg, timer.busy_s, out, read, model_input=described, prompt=receipt)
         else:
             raise TypeError(f"DiT stage cannot handle {type(msg).__name__}")

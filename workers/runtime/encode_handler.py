@@ -1,5 +1,7 @@
 """Encode stage handler: per session, the start image's VAE condition stream, and the context its
-family's encoder makes once (the prompt's umT5 embeddings, or Matrix-Game's CLIP image tokens)."""
+family's encoder makes (the prompt's umT5 embeddings, or Matrix-Game's CLIP image tokens): once at
+the start, and again for each prompt the driver types while walking (ahead of the chunk work here,
+so the DiT, which takes it with its next chunk, never waits on the text encoder)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,15 @@ from workers.models.components import load_vae
 from workers.models.presets import get_preset
 from workers.parallel.group import StageGroup
 from workers.runtime.handler import StageHandler
-from workers.runtime.messages import Command, EncodeChunk, OpenSession, Reply, SessionOpened
+from workers.runtime.messages import (
+    Command,
+    EncodeChunk,
+    EncodePrompt,
+    OpenSession,
+    PromptEncoded,
+    Reply,
+    SessionOpened,
+)
 from workers.runtime.spec import WorkerSpec
 from workers.stages.condition import ImageConditionStream
 
@@ -43,5 +53,11 @@ class EncodeHandler(StageHandler):
             with self.timed() as timer:
                 cond = stream.next_chunk()
             yield self.chunk_done(msg, timer.busy_s, self.publish(cond))
+        elif isinstance(msg, EncodePrompt):
+            with self.timed() as timer:
+                context = self.context_encoder.encode_prompt(msg.text)
+            ref = self.publish(context)
+            assert ref is not None, "the encode stage publishes to the DiT"
+            yield PromptEncoded.answer(msg, stage, rank, ref, timer.busy_s)
         else:
             raise TypeError(f"encode stage cannot handle {type(msg).__name__}")

@@ -211,6 +211,12 @@ class PromptEncoded:
     context: TensorRef
     busy_s: float
 
+    @staticmethod
+    def answer(cmd: EncodePrompt, stage: Stage, rank: int, context: TensorRef, busy_s: float) -> PromptEncoded:
+        return PromptEncoded(
+            stage, rank, cmd.session_id, cmd.epoch, cmd.version, cmd.text, cmd.transition_chunks, context, busy_s
+        )
+
 
 @dataclass(frozen=True)
 class FramesReady:

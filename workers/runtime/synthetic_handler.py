@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -18,20 +19,33 @@ from workers.families.registry import family_for
 from workers.frame_stamp import stamp_frames
 from workers.models.presets import get_preset
 from workers.parallel.group import StageGroup
-from workers.runtime.channel import Ack
+from workers.runtime.channel import Ack, TensorRef
 from workers.runtime.handler import StageHandler
 from workers.runtime.messages import (
     Command,
     DecodeChunk,
     DenoiseChunk,
     EncodeChunk,
+    EncodePrompt,
     OpenSession,
+    PromptEncoded,
     Reply,
     SessionOpened,
     Stage,
 )
 from workers.runtime.spec import WorkerSpec
 from workers.stages.decode import part_bounds
+from workers.stages.prompt_context import PromptContext
+
+STAND_IN_TOKENS = 8  # the stand-in context's rows: the DiT stage only passes it on
+
+
+@dataclass
+class SyntheticSession:
+    chunk_latent_frames: int
+    # The DiT stage's prompt bookkeeping, as the real DiT keeps it (what its chunk receipts say);
+    # the stand-in embeddings are one zero row.
+    prompt: PromptContext
 
 
 class SyntheticHandler(StageHandler):
@@ -58,27 +72,42 @@ class SyntheticHandler(StageHandler):
             acks: tuple[Ack, ...] = ()
             context = None
             if stage is Stage.ENCODE:
-                # A stand-in context of the family's width: the DiT stage only passes it on.
-                context = self.publish(torch.zeros(8, family_for(p).context_shape(p)[1]))
+                context = self._stand_in_context()
             elif msg.context is not None:
                 self.take(msg.context)
                 acks = self.done_with(msg.context)
-            self.sessions[msg.session_id] = msg.chunk_latent_frames
+            prompt = PromptContext(msg.prompt, torch.zeros(1, 1), text_len=1)
+            self.sessions[msg.session_id] = SyntheticSession(msg.chunk_latent_frames, prompt)
             yield SessionOpened(stage, rank, msg.session_id, msg.epoch, context=context, acks=acks)
+            return
+        if isinstance(msg, EncodePrompt):  # a text encoder's forward takes no stage time worth holding
+            context = self._stand_in_context()
+            assert context is not None
+            yield PromptEncoded(
+                stage, rank, msg.session_id, msg.epoch, msg.version, msg.text, msg.transition_chunks, context, 0.0
+            )
             return
         if not isinstance(msg, EncodeChunk | DenoiseChunk | DecodeChunk):
             raise TypeError(f"synthetic stage cannot handle {type(msg).__name__}")
         t0 = time.perf_counter()
-        chunk = self.sessions[msg.session_id]
+        session: SyntheticSession = self.sessions[msg.session_id]
+        chunk = session.chunk_latent_frames
         self.check_fault(msg.chunk_index)
         if isinstance(msg, EncodeChunk):
             cond = torch.zeros(1, 20, chunk, p.latent_height, p.latent_width)
             yield self.chunk_done(msg, self._hold_from(t0), self.publish(cond))
         elif isinstance(msg, DenoiseChunk):
             self.take(msg.cond)
+            read: tuple[TensorRef, ...] = (msg.cond,)
+            if msg.prompt is not None:
+                self.take(msg.prompt.context)
+                session.prompt.change(msg.prompt.text, torch.zeros(1, 1), msg.prompt.transition_chunks)
+                read += (msg.prompt.context,)
+            session.prompt.next_chunk()
+            receipt = session.prompt.receipt() if rank == 0 and family_for(p).live_prompts else None
             latents = torch.zeros(1, 16, chunk, p.latent_height, p.latent_width)
             out = self.publish(latents, shard_dim=3, num_shards=self.spec.output_shards)
-            yield self.chunk_done(msg, self._hold_from(t0), out, (msg.cond,))
+            yield self.chunk_done(msg, self._hold_from(t0), out, read, prompt=receipt)
         else:
             # Parts as the real decode stage hands them on, each after its share of the hold.
             self.take(msg.latents, shard_rank=rank)
@@ -96,3 +125,8 @@ class SyntheticHandler(StageHandler):
                     yield self.frames_ready(msg, offset, frames, last=i == len(bounds) - 1)
                 offset += n
             yield self.chunk_done(msg, self._hold_from(t0), None, (msg.latents,))
+
+    def _stand_in_context(self) -> TensorRef | None:
+        """A context of the family's width, for the DiT stage to pass on."""
+        p = self.preset
+        return self.publish(torch.zeros(STAND_IN_TOKENS, family_for(p).context_shape(p)[1]))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -29,6 +30,7 @@ from workers.models.presets import ModelPreset
 from workers.models.rope import RopeTables
 from workers.models.sampler import FewStepSampler, FlowSchedule
 from workers.parallel.ulysses import SequenceParallel
+from workers.stages.prompt_context import PromptContext
 
 
 def make_sampler(preset: ModelPreset) -> FewStepSampler:
@@ -66,16 +68,18 @@ class SamplingLoop:
 
 
 class DenoiseSession(SamplingLoop):
-    """LingBot-World: camera poses in, the self-attention KV cache and the prompt's K/V kept."""
+    """LingBot-World: camera poses in, the self-attention KV cache and the prompt's K/V kept; the
+    prompt can change from a chunk on (workers/stages/prompt_context.py)."""
 
     def __init__(
         self,
         dit: WanDiT,
         preset: ModelPreset,
-        text_embeddings: list[torch.Tensor],
+        text_embeddings: torch.Tensor,
         seed: int,
         chunk_latent_frames: int,
         sp: SequenceParallel | None = None,
+        prompt: str = "",
     ) -> None:
         cfg = preset.dit
         ranks = 1 if sp is None else sp.world_size
@@ -89,13 +93,24 @@ class DenoiseSession(SamplingLoop):
         # Ulysses: each rank caches its own heads.
         spec = KVCacheSpec.for_dit(cfg, preset.tokens_per_latent_frame, chunk_latent_frames, ranks=ranks)
         self.kv_cache = SessionKVCache(spec, dit.patch_embedding.weight.dtype, device)
+        self.prompt = PromptContext(prompt, text_embeddings.to(device), cfg.text_len)
         with torch.no_grad():
-            self.text_kv = dit.text_kv([u.to(device) for u in text_embeddings])
+            self.text_kv = dit.text_kv([self.prompt.embeddings])
+
+    def change_prompt(self, embeddings: torch.Tensor, text: str, transition_chunks: int) -> None:
+        """A new prompt's embeddings (on the device), read from the next chunk on (copied here)."""
+        self.prompt.change(text, embeddings, transition_chunks)
+
+    def prompt_receipt(self) -> dict[str, Any]:
+        return self.prompt.receipt()
 
     @torch.no_grad()
     def run_chunk(self, cond: torch.Tensor, poses: torch.Tensor) -> torch.Tensor:
         """cond [1, 20, C, h, w], poses [C, 4, 4] (relative, see CameraTrack.next_inputs), both on
         the stage's device -> clean latents [1, 16, C, h, w]."""
+        changed = self.prompt.next_chunk()
+        if changed is not None:  # a prompt change reaches this chunk: every block's text K/V anew
+            self.text_kv = self.dit.text_kv([changed])
         camera = self.dit.chunk_camera(self.rays.cells(poses)[None], sp=self.sp)
         start = self.kv_cache.committed_frames
 
@@ -122,6 +137,12 @@ class ActionDenoiseSession(SamplingLoop):
         self.cache = MatrixGameCache(cfg, 1, preset.tokens_per_latent_frame, weight.dtype, self.device)
         with torch.no_grad():
             self.image_kv = dit.image_kv(clip_tokens[None].to(self.device))
+
+    def change_prompt(self, context: torch.Tensor, text: str, transition_chunks: int) -> None:
+        raise NotImplementedError("Matrix-Game takes no text: its prompt cannot change")
+
+    def prompt_receipt(self) -> None:
+        return None
 
     @torch.no_grad()
     def run_chunk(self, cond: torch.Tensor, actions: ChunkActions) -> torch.Tensor:

@@ -86,7 +86,7 @@ def _session(device: torch.device, preset_name: str = "tiny") -> tuple[DenoiseSe
     dit = build_on_meta(lambda: WanDiT(preset.dit)).eval() if meta else load_dit(preset, device, None)
     chunk = preset.chunk_latent_frames
     text = torch.zeros(7, preset.dit.text_dim, device=device)
-    session = DenoiseSession(dit, preset, [text], seed=0, chunk_latent_frames=chunk)
+    session = DenoiseSession(dit, preset, text, seed=0, chunk_latent_frames=chunk)
     cond = torch.zeros(1, 20, chunk, preset.latent_height, preset.latent_width, device=device)
     poses = torch.eye(4, dtype=torch.float64, device=device).repeat(chunk, 1, 1)
     return session, cond, poses

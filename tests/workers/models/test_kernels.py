@@ -26,7 +26,7 @@ CPU = torch.device("cpu")
 def _latents(backend: AttentionBackend, chunks: int = 3) -> torch.Tensor:
     preset = get_preset("tiny")
     dit = apply_to_dit(load_dit(preset, CPU, None), KernelConfig(attention=backend), CPU)
-    session = DenoiseSession(dit, preset, [torch.zeros(5, preset.dit.text_dim)], seed=0, chunk_latent_frames=4)
+    session = DenoiseSession(dit, preset, torch.zeros(5, preset.dit.text_dim), seed=0, chunk_latent_frames=4)
     cond = torch.randn(1, 20, 4, preset.latent_height, preset.latent_width, generator=torch.Generator().manual_seed(0))
     poses = torch.eye(4, dtype=torch.float64).repeat(4, 1, 1)
     return torch.cat([session.run_chunk(cond, poses) for _ in range(chunks)], dim=2)
@@ -98,7 +98,7 @@ def test_compiled_and_eager_gridworld_agree_and_sessions_reuse_the_graphs() -> N
     poses = torch.eye(4, dtype=torch.float64).repeat(4, 1, 1)
     graphs = []
     for seed in (1, 2):
-        session = DenoiseSession(dit, preset, [torch.zeros(5, preset.dit.text_dim)], seed, chunk_latent_frames=4)
+        session = DenoiseSession(dit, preset, torch.zeros(5, preset.dit.text_dim), seed, chunk_latent_frames=4)
         out = torch.cat([session.run_chunk(cond, poses) for _ in range(3)])
         assert torch.isfinite(out).all()
         graphs.append(counters["stats"]["unique_graphs"])

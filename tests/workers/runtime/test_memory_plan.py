@@ -49,7 +49,7 @@ def test_traced_footprints_equal_the_real_objects() -> None:
     dit_fp = footprint.dit_footprint(preset, torch.float32)
     dit = load_dit(preset, CPU, None)
     assert dit_fp.weights_bytes == sum(p.numel() * p.element_size() for p in dit.parameters())
-    session = DenoiseSession(dit, preset, [torch.zeros(5, preset.dit.text_dim)], 0, preset.chunk_latent_frames)
+    session = DenoiseSession(dit, preset, torch.zeros(5, preset.dit.text_dim), 0, preset.chunk_latent_frames)
     assert dit_fp.kv_cache_bytes == session.kv_cache.nbytes()
     assert dit_fp.text_kv_bytes == sum(k.nbytes + v.nbytes for k, v in session.text_kv)
 
