@@ -72,6 +72,14 @@ class Recorded:
                 f"here {here}; pass the checkpoint (--checkpoint) or --weights-seed it was made with"
             )
 
+    def prompt_changes(self) -> dict[int, tuple[str, int]]:
+        """Chunk index -> the prompt change its DiT took (text, transition chunks)."""
+        return {
+            c["index"]: (c["prompt"]["text"], int(c["prompt"]["transition_chunks"]))
+            for c in self.chunks
+            if c.get("prompt")
+        }
+
     def controls(self) -> Callable[[int], tuple[ChunkControl, bool]]:
         rows = self.chunks
 

@@ -222,6 +222,11 @@ def _controls_for(
     return lambda index: replayer.control_at(chunk_first_frame(index, chunk) / preset.fps)
 
 
+def _prompt_changes(args: argparse.Namespace) -> dict[int, tuple[str, int]]:
+    """A recording's prompt changes by chunk (a trace has none)."""
+    return {} if args._recorded is None else args._recorded.prompt_changes()
+
+
 def _run_in_process(args: argparse.Namespace, trace: Trace, rec: Recorder, preset: ModelPreset) -> dict[str, Any]:
     device = torch.device(args.device)
     t0 = time.perf_counter()
@@ -238,11 +243,14 @@ def _run_in_process(args: argparse.Namespace, trace: Trace, rec: Recorder, prese
     t_start = time.perf_counter()
     session = engine.create_session(args.image, args.prompt, args.seed, args.chunk_frames)
     controls = _controls_for(args, trace, preset, session.chunk_latent_frames)
+    prompts = _prompt_changes(args)
     try:
         for k in range(args.chunks):
             control, reset = controls(k)
             if reset:
                 session.control.reset_pose()
+            if k in prompts:
+                engine.set_prompt(session, *prompts[k])
             result = session.step(control)
             tm = result.timings
             ready_s = time.perf_counter() - t_start
@@ -302,7 +310,7 @@ def _run_pipeline(args: argparse.Namespace, trace: Trace, rec: Recorder, preset:
     try:
         image = fit_image(read_image(args.image), preset.height_px, preset.width_px)
         t_start = time.perf_counter()
-        engine.open_session(
+        session_id = engine.open_session(
             image,
             args.prompt,
             args.seed,
@@ -312,6 +320,8 @@ def _run_pipeline(args: argparse.Namespace, trace: Trace, rec: Recorder, preset:
             chunk,
             max_chunks=args.chunks,
         )
+        for k, (text, transition_chunks) in _prompt_changes(args).items():
+            engine.set_prompt(session_id, text, transition_chunks, at_chunk=k)
         assembler = ChunkAssembler()
         while True:
             got = outputs.get(timeout=600)

@@ -1,5 +1,6 @@
 """A session's link to the engine: its engine session, opened from the start image or from a
-snapshot, replaced by a rewind, saved at a chunk boundary, closed with the session.
+snapshot, replaced by a rewind, told of a new prompt, saved at a chunk boundary, closed with the
+session.
 
     open ──▶ engine session ──chunks (scheduler thread)──▶ loop ──▶ on_chunk   (the current one only)
                     │        ──end with an error──────────▶ loop ──▶ on_failed  (the current one only)
@@ -52,6 +53,10 @@ class EngineLink:
             chunk_latent_frames=chunk_latent_frames,
             snapshot=snapshot,
         )
+
+    def set_prompt(self, text: str, transition_chunks: int) -> None:
+        if self.current is not None:
+            self.engine.set_prompt(self.current, text, transition_chunks)
 
     def close(self) -> None:
         current, self.current = self.current, None

@@ -3,8 +3,11 @@
     text ──token bucket──▶ parse ──▶ a typed client message (to the session)
               │              └── invalid: an `error` (its code) to the driver, counted; abuse_limit
               │                  of them within abuse_window_s: on_abuse (the session closes)
-              └── over control_rate_per_s (burst: one second's worth): dropped, counted, and answered
-                  with at most one `rate_limited` error a second: a flood must not be answered in kind
+              ├── over control_rate_per_s (burst: one second's worth): dropped, counted, and answered
+              │   with at most one `rate_limited` error a second: a flood must not be answered in kind
+              └── a prompt over prompt_rate_per_s (burst: two seconds' worth): dropped, counted as
+                  rate_limited, answered with `prompt_rate_limited` (each one: a person typing
+                  should know which prompt did not land)
 
 Counts by result (accepted, rate_limited, invalid) go to the session's figures and to
 `worldrtc_control_messages_total{result}`.
@@ -17,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 
 from server.metrics import Metrics
-from server.protocol import ClientMessage, ProtocolError, parse_client_message
+from server.protocol import ClientMessage, PromptMsg, ProtocolError, parse_client_message
 from server.rate_limit import TokenBucket
 from server.settings import Settings
 
@@ -37,6 +40,8 @@ class Inbox:
         self._send_error, self._on_abuse = send_error, on_abuse
         rate = settings.control_rate_per_s
         self._bucket = TokenBucket.full(rate, burst=rate, now=now)
+        prompts = settings.prompt_rate_per_s
+        self._prompts = TokenBucket.full(prompts, burst=max(1.0, 2 * prompts), now=now)
         self._rate_notice_t = -math.inf
         self._invalid_t: deque[float] = deque()  # arrival times of invalid messages within abuse_window_s
         self.counts = {"accepted": 0, "rate_limited": 0, "invalid": 0}
@@ -59,6 +64,12 @@ class Inbox:
             self._count("invalid")
             self._error(exc.code, str(exc))
             self._note_invalid(now)
+            return None
+        if isinstance(msg, PromptMsg) and not self._prompts.take(now):
+            self._count("rate_limited")
+            self._error(
+                "prompt_rate_limited", f"more than {self._settings.prompt_rate_per_s:g} prompts/s; the last one wins"
+            )
             return None
         self._count("accepted")
         return msg

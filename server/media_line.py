@@ -87,6 +87,8 @@ class MediaLine:
         first_frame, pacer = self._frames_pushed, self.pacer
         pacer.push(out.frames, out.index, first_frame)
         if self.recording is not None:
+            if out.offset == 0 and out.record.prompt_change is not None:
+                self.recording.prompt_changed(out.index, out.record.prompt_change)
             self.recording.frames(out.index, out.frames, out.last)
         self._frames_pushed += n
         # The pts this part's first frame will carry: every tick so far (repeats included) plus the
@@ -215,6 +217,7 @@ class MediaLine:
             applied_seq=rec.control.seq if rec.control is not None else None,
             applied_keys=sorted(rec.control.keys) if rec.control is not None else [],
             model_input=rec.model_input,
+            prompt=rec.prompt,
             timings=timings,
             stages={
                 s.value: (tm.dispatch_t - self._open_perf_t, tm.done_t - self._open_perf_t)

@@ -7,7 +7,8 @@ client → server (the control messages are `workers/controls.py`'s, shared with
     control_state  {controls: [held keys]}
     look           {dx, dy}                              (mouse-look deltas in pixels)
     reset_pose     {}
-    prompt         {text}                                (accepted, applies to the next session)
+    prompt         {text, transition_chunks?}            (the world's prompt from the next chunk the DiT
+                                                          starts, blended over transition_chunks; latest wins)
     ping           {}
     stop           {}
 
@@ -47,6 +48,7 @@ from workers.controls import (
 
 MAX_CONTROL_MESSAGE_BYTES = 4096
 MAX_PROMPT_CHARS = 2000
+MAX_TRANSITION_CHUNKS = 16  # about 16 s of video at LingBot-World's chunk: longer is a slow fade, not a change
 
 
 class ProtocolError(ValueError):
@@ -63,6 +65,7 @@ class ProtocolError(ValueError):
 class PromptMsg(ClientMessageBase):
     type: Literal["prompt"]
     text: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
+    transition_chunks: Annotated[int, Field(ge=1, le=MAX_TRANSITION_CHUNKS)] = 1
 
 
 class PingMsg(ClientMessageBase):
@@ -160,6 +163,9 @@ class ChunkMsg(_ServerMessage):
     # That control as the DiT consumed it: {"poses": [F][4][4]} for camera models, {"keyboard":
     # [F][12][keys], "mouse": [F][12][2] or null} for Matrix-Game (each latent frame's action window).
     model_input: dict[str, Any] | None = None
+    # The prompt this chunk's DiT read (families with text): {"text"}, or during a transition
+    # {"text", "weight" (the new prompt's, 0..1), "from" (the prompt it moves away from)}.
+    prompt: dict[str, Any] | None = None
     timings: dict[str, float | None]  # {stage}_s busy, queue_s, start_to_pacer_s
     stages: dict[str, tuple[float, float]]  # stage -> (dispatch, done), s since the session opened
 

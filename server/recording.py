@@ -4,8 +4,8 @@ a digest of every chunk's frames as generated; beside it, the frames themselves 
 Frames are deterministic for a model and its weights, the placement and intra-op thread count,
 the seed, the start image and the per-chunk controls (workers/determinism.py), so this JSON of a
 few kilobytes regenerates the session exactly: `python -m benchmarks.replay --recording REC.json`
-checks every chunk's digest. Prompt changes sent during a session take effect in the next one (the
-conditioning of a running session is fixed), so a recording holds the one prompt it ran with.
+checks every chunk's digest. A prompt typed during the session is kept with the chunk whose DiT took
+it (`prompt` {text, transition_chunks} on that chunk's entry), so the regeneration changes it there.
 
 A branch (a session started from a snapshot, or one rewound to it) records its whole line: the first
 session's recipe and the chunks before the snapshot, as that session recorded them (`history`, kept
@@ -16,7 +16,7 @@ The schema (`RECORDING_SCHEMA`, versioned):
     schema, session_id, created (unix s), model, weights (workers/models/weights_digest.py),
     placement {name, stages}, intra_op_threads, seed, prompt, fps, chunk_latent_frames,
     image {sha256 of the fitted HxWx3 pixels, width, height, png (base64, while the session is listed)},
-    chunks [{index, keys, look [dx, dy] px, reset_pose, frames_sha256}],
+    chunks [{index, keys, look [dx, dy] px, reset_pose, frames_sha256, prompt? {text, transition_chunks}}],
     complete (every chunk's digest present), incomplete_reason, video {frames, bytes, complete, reason}
 
 Work off the event loop: the recorder thread hashes each chunk's frames and encodes them into the
@@ -78,17 +78,19 @@ class ChunkEntry:
     look: list[float]
     reset_pose: bool
     frames_sha256: str | None = None
+    prompt: dict[str, Any] | None = None  # a prompt change the DiT took with this chunk
 
     def record(self) -> dict[str, Any]:
         # No frame count: the chunk geometry gives it (workers/chunk_geometry.py), and a minute of a
-        # session should stay within 10 kB.
-        return {
+        # session should stay within 10 kB (a prompt only where one changed).
+        entry = {
             "index": self.index,
             "keys": self.keys,
             "look": [_compact(v) for v in self.look],
             "reset_pose": self.reset_pose,
             "frames_sha256": self.frames_sha256,
         }
+        return entry if self.prompt is None else entry | {"prompt": self.prompt}
 
 
 @dataclass
@@ -134,6 +136,13 @@ class SessionRecording:
         entry = ChunkEntry(index, sorted(control.keys), [control.look_dx_px, control.look_dy_px], reset_pose)
         with self._lock:
             self._chunks[index] = entry
+
+    def prompt_changed(self, index: int, change: dict[str, Any]) -> None:
+        """Chunk `index`'s DiT took a prompt change (loop thread, before the chunk's frames)."""
+        with self._lock:
+            entry = self._chunks.get(index)
+            if entry is not None:
+                entry.prompt = dict(change)
 
     def frames(self, index: int, frames: np.ndarray, last: bool) -> None:
         """Part of chunk `index`'s frames, in order (loop thread; never blocks)."""

@@ -28,7 +28,6 @@ import asyncio
 import logging
 import secrets
 import time
-from dataclasses import replace
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -64,6 +63,7 @@ from server.settings import Settings
 from server.snapshot import ServerSnapshot
 from server.spectator import Spectator
 from server.timeline import SessionTimeline
+from workers.families.registry import family_for
 from workers.models.presets import ModelPreset
 from workers.runtime.engine import PipelineEngine
 from workers.runtime.messages import RAISED
@@ -125,7 +125,7 @@ class ServerSession:
             settings,
             metrics,
             time.monotonic(),
-            send_error=lambda code, message: self.peer.send(ErrorMsg(code=code, message=message)),
+            send_error=self._send_error,
             on_abuse=lambda why: self._end(EndReason.PROTOCOL_ABUSE, why),
         )
         self.engine = engine
@@ -312,10 +312,16 @@ class ServerSession:
         elif isinstance(msg, StopMsg):
             self._end(EndReason.STOPPED, "stopped by the client")
         elif isinstance(msg, PromptMsg):
-            # The conditioning of a running session is fixed; the prompt is for the next one.
-            self.spec = replace(self.spec, prompt=msg.text)
+            if family_for(self.preset).live_prompts:  # from the DiT's next chunk (the chunk receipts say which)
+                self.link.set_prompt(msg.text, msg.transition_chunks)
+            else:
+                self.metrics.errors.labels("not_supported").inc()
+                self._send_error("not_supported", f"{self.preset.name} takes no text: its prompt cannot change")
         else:
             self.controls.apply(msg, now)
+
+    def _send_error(self, code: str, message: str) -> None:
+        self.peer.send(ErrorMsg(code=code, message=message))
 
     def _on_chunk(self, out: ChunkOutput) -> None:
         """Part of a chunk's frames (loop thread)."""

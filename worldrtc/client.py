@@ -316,6 +316,11 @@ class Session:
     def reset_pose(self) -> int:
         return self.send({"type": "reset_pose"})
 
+    def prompt(self, text: str, transition_chunks: int = 1) -> int:
+        """Change the world's prompt from the next chunk the DiT starts, blended over
+        `transition_chunks` chunks; each chunk message's `prompt` says what its DiT read."""
+        return self.send({"type": "prompt", "text": text, "transition_chunks": transition_chunks})
+
     # ---- receiving ----
 
     async def next_frame(self) -> Frame:

@@ -9,11 +9,12 @@ from fastapi.responses import FileResponse
 
 from server.dependencies import StateDep, require_token
 from server.errors import NotFound
-from server.protocol import MAX_CONTROL_MESSAGE_BYTES, MAX_PROMPT_CHARS
+from server.protocol import MAX_CONTROL_MESSAGE_BYTES, MAX_PROMPT_CHARS, MAX_TRANSITION_CHUNKS
 from server.scenes import scene_names, scene_path
 from server.turn import ice_servers_for
 from workers.chunk_geometry import chunk_num_frames
 from workers.controls import client_contract
+from workers.families.registry import family_for
 
 router = APIRouter()
 
@@ -35,6 +36,8 @@ async def model(state: StateDep) -> dict[str, Any]:
         "controls": client_contract(),
         "accepts": p.controls.record(),
         "takes_prompt": p.t5 is not None,  # Matrix-Game conditions on the start image only
+        # A data-channel `prompt` changes the world from the DiT's next chunk (else: error not_supported).
+        "live_prompts": family_for(p).live_prompts,
         "limits": {
             "control_message_bytes": MAX_CONTROL_MESSAGE_BYTES,
             "control_rate_per_s": settings.control_rate_per_s,
@@ -47,6 +50,8 @@ async def model(state: StateDep) -> dict[str, Any]:
             "image_max_pixels": settings.image_max_pixels,
             "sdp_max_bytes": settings.sdp_max_bytes,
             "max_prompt_chars": MAX_PROMPT_CHARS,
+            "max_transition_chunks": MAX_TRANSITION_CHUNKS,
+            "prompt_rate_per_s": settings.prompt_rate_per_s,
             "idle_timeout_s": settings.idle_timeout_s,
             "peer_timeout_s": settings.peer_timeout_s,
             "max_session_s": settings.session_limit_s,

@@ -273,6 +273,12 @@ class PipelineEngine:
         moves = self.snapshots.remove(snapshot_id)
         self._submit(lambda: self._move(moves))
 
+    def set_prompt(self, session_id: str, text: str, transition_chunks: int = 1, at_chunk: int | None = None) -> None:
+        """The session's prompt from the DiT's next chunk once encoded (or, replaying a recording,
+        from chunk `at_chunk` exactly), reached over `transition_chunks` chunks (a family with
+        `live_prompts`; the caller checks)."""
+        self._submit(lambda: self._carry_out(self.scheduler.set_prompt(session_id, text, transition_chunks, at_chunk)))
+
     def close_session(self, session_id: str) -> None:
         with self._admitted_lock:
             self._admitted.discard(session_id)

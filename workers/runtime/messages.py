@@ -63,6 +63,7 @@ class EncodePrompt:
     version: int  # the session's prompt changes, counted: the DiT is handed the latest one encoded
     text: str
     transition_chunks: int
+    at_chunk: int | None = None  # a replay's change: for exactly this chunk (None: the DiT's next)
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class PromptChange:
     text: str
     transition_chunks: int
     context: TensorRef
+    at_chunk: int | None = None
 
 
 @dataclass(frozen=True)
@@ -210,11 +212,21 @@ class PromptEncoded:
     transition_chunks: int
     context: TensorRef
     busy_s: float
+    at_chunk: int | None = None
 
     @staticmethod
     def answer(cmd: EncodePrompt, stage: Stage, rank: int, context: TensorRef, busy_s: float) -> PromptEncoded:
         return PromptEncoded(
-            stage, rank, cmd.session_id, cmd.epoch, cmd.version, cmd.text, cmd.transition_chunks, context, busy_s
+            stage,
+            rank,
+            cmd.session_id,
+            cmd.epoch,
+            cmd.version,
+            cmd.text,
+            cmd.transition_chunks,
+            context,
+            busy_s,
+            cmd.at_chunk,
         )
 
 

@@ -37,6 +37,8 @@ class ChunkRecord:
     control: ChunkControl | None = None  # sampled when the DiT started the chunk
     model_input: dict[str, Any] | None = None  # that control as the DiT consumed it (ModelFamily.describe_inputs)
     prompt: dict[str, Any] | None = None  # the prompt the DiT's context came from (ChunkDenoiser.prompt_receipt)
+    # A prompt change the DiT took with this chunk, as typed: {"text", "transition_chunks"} (recordings keep it).
+    prompt_change: dict[str, Any] | None = None
     num_frames: int = 0  # handed on so far
     frames_ready_t: float | None = None  # the chunk's first frames handed on
 

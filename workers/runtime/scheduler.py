@@ -34,7 +34,8 @@ Policy:
   ahead of chunk work there; a newer one replaces a queued older one, so at most one waits and one
   is encoded per session: latest wins), and the DiT's next chunk to start after it is encoded
   takes its context (a chunk the DiT has started keeps the context it started with). An encoded
-  prompt overtaken by a newer one before the DiT took it is handed back unread.
+  prompt overtaken by a newer one before the DiT took it is handed back unread. A replay's prompt
+  changes name their chunk (`at_chunk`): each is kept, and the DiT waits for it before that chunk.
 - Close: once nothing is in flight, per-stage state is released one stage at a time, downstream
   first; whatever the session's ledger still holds then has leaked (counted).
 - Deadlines: a stage that has not answered a command by its deadline is hung (a stopped process, a
@@ -95,6 +96,9 @@ class SessionState(Enum):
     CLOSING = "closing"
     CLOSED = "closed"
     FAILED = "failed"
+
+
+LIVE = (SessionState.OPENING, SessionState.RUNNING)  # a session that still takes work (a prompt, a close)
 
 
 class CommandKind(Enum):
@@ -184,6 +188,7 @@ class Session:
     snapshot: PendingSnapshot | None = None  # being taken
     prompt_versions: int = 0  # prompt changes asked for
     prompt_ready: PromptChange | None = None  # encoded, for the DiT's next chunk
+    prompts_at: dict[int, PromptChange | None] = field(default_factory=dict)  # a replay's, by chunk (None: encoding)
     error: str | None = None
 
     def __post_init__(self) -> None:
@@ -336,7 +341,7 @@ class Scheduler:
         return next(self._epochs)
 
     def active_sessions(self) -> int:
-        return sum(s.state in (SessionState.OPENING, SessionState.RUNNING) for s in self.sessions.values())
+        return sum(s.state in LIVE for s in self.sessions.values())
 
     def open(self, spec: SessionSpec) -> list[Effect]:
         """Start a session: the encode and decode stages open it first (the DiT needs the prompt's embeddings)."""
@@ -355,7 +360,7 @@ class Scheduler:
         """Save a session's state at its next chunk boundary (SnapshotDone says when, or why not)."""
         session = self.sessions.get(session_id)
         # An opening session is saved at its first chunk boundary, once it runs.
-        if session is None or session.state not in (SessionState.OPENING, SessionState.RUNNING):
+        if session is None or session.state not in LIVE:
             state = "over" if session is None else session.state.value
             error = f"the session is {state}: only a running session can be saved"
             self._out.append(SnapshotDone(snapshot_id, None if session is None else session.spec, 0, {}, error))
@@ -367,23 +372,36 @@ class Scheduler:
             session.snapshot = PendingSnapshot(snapshot_id, session.next_encode)
         return self._flush()
 
-    def set_prompt(self, session_id: str, text: str, transition_chunks: int = 1) -> list[Effect]:
-        """A new prompt for a running session, from its DiT's next chunk once encoded (see Policy)."""
+    def set_prompt(
+        self, session_id: str, text: str, transition_chunks: int = 1, at_chunk: int | None = None
+    ) -> list[Effect]:
+        """A new prompt for a session, from its DiT's next chunk once encoded, or (a replay's) from
+        chunk `at_chunk` exactly, which the DiT then waits for (see Policy)."""
         session = self.sessions.get(session_id)
-        if session is None or session.state not in (SessionState.OPENING, SessionState.RUNNING):
+        if session is None or session.state not in LIVE:
             return self._flush()
+        if at_chunk is not None and (at_chunk < session.next_dit or at_chunk in session.prompts_at):
+            raise ValueError(f"a prompt change for chunk {at_chunk} comes too late or twice")
         session.prompt_versions += 1
         lane = self.lanes[Stage.ENCODE]
-        older = [c for c in lane.queued if isinstance(c, EncodePrompt) and c.session_id == session_id]
-        for cmd in older:
-            lane.queued.remove(cmd)
+        if at_chunk is None:
+            older = [
+                c
+                for c in lane.queued
+                if isinstance(c, EncodePrompt) and c.session_id == session_id and c.at_chunk is None
+            ]
+            for cmd in older:
+                lane.queued.remove(cmd)
+        else:
+            session.prompts_at[at_chunk] = None
         spec = session.spec
-        lane.queued.append(EncodePrompt(spec.id, spec.epoch, session.prompt_versions, text, transition_chunks))
+        version = session.prompt_versions
+        lane.queued.append(EncodePrompt(spec.id, spec.epoch, version, text, transition_chunks, at_chunk))
         return self._flush()
 
     def close(self, session_id: str, error: str | None = None) -> list[Effect]:
         session = self.sessions.get(session_id)
-        if session is not None and session.state in (SessionState.OPENING, SessionState.RUNNING):
+        if session is not None and session.state in LIVE:
             session.state = SessionState.CLOSING
             session.error = error
             self._discard_queued(session)
@@ -457,7 +475,7 @@ class Scheduler:
             if lane.queued:
                 cmd = lane.queued.popleft()
                 session = self.sessions.get(cmd.session_id)
-                if isinstance(cmd, EncodePrompt) and (session is None or session.state is not SessionState.RUNNING):
+                if isinstance(cmd, EncodePrompt) and (session is None or session.state not in LIVE):
                     continue  # the session is closing: its prompt is moot
                 if session is not None:
                     self._assign(lane, cmd, _KIND_OF_QUEUED[type(cmd)], session, None, now)
@@ -517,6 +535,8 @@ class Scheduler:
             waiting = len(s.denoised) + (Stage.DECODE in s.computing)
             if waiting >= self.edge_capacity or (serial and s.next_dit > s.chunks_out):
                 return None
+            if s.next_dit in s.prompts_at and s.prompts_at[s.next_dit] is None:
+                return None  # a replay's prompt change for this chunk is still being encoded
             sampled = s.spec.control_source(s.next_dit)  # controls are sampled now, when the DiT could start
             if sampled is None:
                 return None
@@ -527,7 +547,11 @@ class Scheduler:
             k, cond = s.encoded.popleft()
             s.next_dit += 1
             s.record(k).control = control
-            prompt, s.prompt_ready = s.prompt_ready, None
+            prompt = s.prompts_at.pop(k, None)
+            if prompt is None:
+                prompt, s.prompt_ready = s.prompt_ready, None
+            if prompt is not None:
+                s.record(k).prompt_change = {"text": prompt.text, "transition_chunks": prompt.transition_chunks}
             return DenoiseChunk(s.id, s.spec.epoch, k, cond, control, reset, prompt)
         if not s.denoised:
             return None
@@ -627,14 +651,18 @@ class Scheduler:
 
     def _on_prompt_encoded(self, session: Session, reply: PromptEncoded) -> None:
         self.lanes[Stage.ENCODE].busy_s += reply.busy_s
-        if session.state is not SessionState.RUNNING:
+        if session.state not in LIVE:
             self._release_acks(Stage.ENCODE, [Ack.of(reply.context, "discarded")])
+            return
+        session.ledger.track(reply.context)
+        change = PromptChange(reply.version, reply.text, reply.transition_chunks, reply.context, reply.at_chunk)
+        if reply.at_chunk is not None:
+            session.prompts_at[reply.at_chunk] = change
             return
         overtaken = session.prompt_ready
         if overtaken is not None:  # encoded, and replaced before the DiT took it
             self._release(session, Stage.ENCODE, [overtaken.context], "discarded")
-        session.ledger.track(reply.context)
-        session.prompt_ready = PromptChange(reply.version, reply.text, reply.transition_chunks, reply.context)
+        session.prompt_ready = change
 
     def _on_chunk_done(self, session: Session, stage: Stage, reply: ChunkDone, now: float) -> None:
         rec = session.record(reply.chunk_index)
@@ -730,9 +758,12 @@ class Scheduler:
         self._maybe_finish_close(session)
 
     def _discard_queued(self, session: Session) -> None:
-        prompt, session.prompt_ready = session.prompt_ready, None
-        if prompt is not None:
-            self._release(session, Stage.ENCODE, [prompt.context], "discarded")
+        prompts = [session.prompt_ready, *session.prompts_at.values()]
+        session.prompt_ready = None
+        session.prompts_at.clear()
+        encoded = [p.context for p in prompts if p is not None]
+        if encoded:
+            self._release(session, Stage.ENCODE, encoded, "discarded")
         if session.last_part is not None:
             self._release(session, Stage.DECODE, [session.last_part.output], "discarded")
             session.last_part = None

@@ -133,8 +133,7 @@ class FakeWorkers:
         elif isinstance(cmd, EncodeChunk):
             self.reply(stage, ChunkDone(stage, 0, cmd.session_id, cmd.epoch, cmd.chunk_index, 0.1, self.slot(stage)))
         elif isinstance(cmd, EncodePrompt):
-            e, context = cmd.epoch, self.slot(stage)
-            self.reply(stage, PromptEncoded(stage, 0, cmd.session_id, e, cmd.version, cmd.text, 1, context, 0.05))
+            self.reply(stage, PromptEncoded.answer(cmd, stage, 0, self.slot(stage), 0.05))
         elif isinstance(cmd, DenoiseChunk):
             out = self.slot(stage)
             read = (cmd.cond,) if cmd.prompt is None else (cmd.cond, cmd.prompt.context)
@@ -467,3 +466,30 @@ def test_closing_with_a_prompt_waiting_gives_its_slot_back() -> None:
     assert viewer.ended == [None] and fw.handed_out == {} and fw.sched.counters["leaked_slots"] == 0
     fw.run(fw.sched.set_prompt(spec.id, "ignored"))  # a session that is gone: nothing happens
     assert fw.computing == {}
+
+
+def test_a_replays_prompt_changes_reach_exactly_their_chunks_and_the_dit_waits_for_them() -> None:
+    fw, viewer = make(), Viewer()
+    spec = open_session(fw, viewer, max_chunks=6)
+    fw.run(fw.sched.set_prompt(spec.id, "rain", at_chunk=1))  # while the session opens
+    with pytest.raises(ValueError, match="too late or twice"):
+        fw.sched.set_prompt(spec.id, "again", at_chunk=1)
+    while len(commands(fw, DenoiseChunk)) < 2:  # chunks 0 and 1 under way, later ones encoded ahead
+        fw.step()
+        for stage in reversed(STAGES):
+            if stage in fw.computing:
+                fw.finish(stage)
+    fw.run(fw.sched.set_prompt(spec.id, "snow", transition_chunks=2, at_chunk=2))
+    for _ in range(30):  # the encoder sits on the prompt: the DiT finishes chunk 1, then waits
+        fw.step()
+        for stage in (Stage.DECODE, Stage.DIT):
+            if stage in fw.computing:
+                fw.finish(stage)
+    assert isinstance(fw.computing.get(Stage.ENCODE), EncodePrompt)
+    assert 2 in [c.chunk_index for _, c in commands(fw, EncodeChunk)]  # its condition is there: the prompt is not
+    assert [c.chunk_index for _, c in commands(fw, DenoiseChunk)] == [0, 1]
+    fw.drain()
+    assert [(k, text) for k, text in prompts_taken(fw) if text is not None] == [(1, "rain"), (2, "snow")]
+    changes = [c.prompt for _, c in commands(fw, DenoiseChunk) if c.prompt is not None]
+    assert [(c.transition_chunks, c.at_chunk) for c in changes] == [(1, 1), (2, 2)]
+    assert viewer.ended == [None] and fw.handed_out == {} and fw.sched.counters["leaked_slots"] == 0

@@ -1,0 +1,120 @@
+"""Prompts typed while walking, over WebRTC against the real server: the DiT reads the new prompt from
+a chunk on and every chunk says which prompt it read; transitions, the rate limit (latest wins) and a
+family without text (Matrix-Game: `not_supported`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from benchmarks.local_server import local_server
+from tests.support.waiting import wait_until_async
+from worldrtc import Session
+
+pytestmark = pytest.mark.processes
+WAIT_S = 60.0
+# Pipeline depth after the prompt lands: a chunk in the DiT, one waiting for it, and the encode of the
+# prompt ahead of the next (the scheduler hands a prompt to the DiT's next chunk to start).
+MAX_CHUNKS_LATE = 3
+
+
+def _serve(tmp_path_factory: pytest.TempPathFactory, args: list[str]) -> Iterator[str]:
+    log: Path = tmp_path_factory.mktemp("prompts") / "server.log"
+    with local_server(args, log) as srv:
+        yield srv.url
+
+
+@pytest.fixture(scope="module")
+def tiny_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from _serve(tmp_path_factory, ["--model", "tiny", "--placement", "cpu"])
+
+
+@pytest.fixture(scope="module")
+def synthetic_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from _serve(
+        tmp_path_factory, ["--model", "synthetic", "--stage-ms", "20,250,100", "--synthetic-geometry", "tiny"]
+    )
+
+
+def _texts(chunks: list[dict[str, Any]]) -> list[str]:
+    return [c["prompt"]["text"] for c in sorted(chunks, key=lambda c: c["index"])]
+
+
+async def test_the_dit_reads_a_typed_prompt_from_a_chunk_on(tiny_url: str) -> None:
+    model = httpx.get(f"{tiny_url}/v1/model").json()
+    assert model["live_prompts"] is True and model["limits"]["max_transition_chunks"] >= 1
+    client = Session(tiny_url, prompt="a quiet town", seed=3)
+    await client.start()
+    try:
+        await wait_until_async(lambda: len(client.run.chunks) >= 2, WAIT_S, "two chunks")
+        client.hold("w")
+        sent_after = max(c["index"] for c in client.run.chunks)
+        client.prompt("snow falls")
+        await wait_until_async(
+            lambda: "snow falls" in _texts(client.run.chunks) and len(client.run.chunks) >= sent_after + 5,
+            WAIT_S,
+            "chunks after the prompt",
+        )
+    finally:
+        await client.close()
+    texts = _texts(client.run.chunks)
+    switch = texts.index("snow falls")
+    assert texts[:switch] == ["a quiet town"] * switch and set(texts[switch:]) == {"snow falls"}, texts
+    assert sent_after < switch <= sent_after + MAX_CHUNKS_LATE, (sent_after, texts)
+    assert not client.run.errors
+
+
+async def test_a_transition_and_the_latest_of_a_flood_of_prompts(synthetic_url: str) -> None:
+    client = Session(synthetic_url, prompt="day", seed=0)
+    await client.start()
+    try:
+        await wait_until_async(lambda: len(client.run.chunks) >= 2, WAIT_S, "two chunks")
+        client.prompt("dusk", transition_chunks=3)
+        await wait_until_async(
+            lambda: any(c["prompt"] == {"text": "dusk"} for c in client.run.chunks), WAIT_S, "the transition's end"
+        )
+        # A burst past the prompt rate: the ones over it are refused by name, the last accepted one wins.
+        for i in range(8):
+            client.prompt(f"night {i}")
+        await wait_until_async(
+            lambda: any(e["code"] == "prompt_rate_limited" for e in client.run.errors), WAIT_S, "prompt_rate_limited"
+        )
+        refused = {e["message"].split("'")[1] for e in client.run.errors if e["code"] == "prompt_rate_limited"}
+        accepted = [f"night {i}" for i in range(8) if f"night {i}" not in refused]
+        await wait_until_async(lambda: _texts(client.run.chunks)[-1] == accepted[-1], WAIT_S, "the latest prompt")
+    finally:
+        await client.close()
+    receipts = [c["prompt"] for c in sorted(client.run.chunks, key=lambda c: c["index"])]
+    start = next(i for i, r in enumerate(receipts) if r["text"] == "dusk")
+    assert receipts[start : start + 3] == [
+        {"text": "dusk", "weight": round(1 / 3, 6), "from": "day"},
+        {"text": "dusk", "weight": round(2 / 3, 6), "from": "day"},
+        {"text": "dusk"},
+    ]
+    assert refused and len(accepted) >= 1
+    # Latest wins: prompts that came faster than chunks collapse; none is read after a later one.
+    nights = [r["text"] for r in receipts if r["text"].startswith("night")]
+    order = [accepted.index(t) for t in dict.fromkeys(nights)]
+    assert order == sorted(order) and nights[-1] == accepted[-1]
+
+
+async def test_a_family_without_text_answers_not_supported(tmp_path: Path) -> None:
+    args = ["--model", "synthetic", "--stage-ms", "20,100,50", "--synthetic-geometry", "matrix-game-2-tiny"]
+    with local_server(args, tmp_path / "server.log") as srv:
+        assert httpx.get(f"{srv.url}/v1/model").json()["live_prompts"] is False
+        client = Session(srv.url)
+        await client.start()
+        try:
+            await wait_until_async(lambda: client.run.chunks, WAIT_S, "a chunk")
+            client.prompt("snow")
+            error = await wait_until_async(lambda: client.run.errors, WAIT_S, "an error")
+            frames = len(client.run.frames)
+            await wait_until_async(lambda: len(client.run.frames) > frames, WAIT_S, "video after the refusal")
+        finally:
+            await client.close()
+    assert error[0]["code"] == "not_supported" and "prompt cannot change" in error[0]["message"]
+    assert all(c["prompt"] is None for c in client.run.chunks)
