@@ -697,3 +697,38 @@ def test_a_server_without_snapshots_says_so_and_streams_on(
     frames_go_on(page)
     stop(page)
     no_page_errors(errors)
+
+
+def test_a_prompt_typed_while_walking_takes_effect_and_says_when(
+    browser: Any, server: ServerProcess, errors: list[str]
+) -> None:
+    page = open_page(browser, server, errors)
+    page.locator("#start-btn").click()
+    wait_streaming(page)
+    box = page.locator("#live-prompt")
+    assert page.locator("#live-prompt-form").is_visible() and box.is_enabled()
+    box.fill("it starts to snow")
+    page.locator("#live-transition").select_option("3")
+    box.press("Enter")
+    # The chunks' receipts: the transition's steps, then the prompt whole; the HUD says both.
+    page.wait_for_function(
+        "() => { const c = window.worldrtc.stats.lastChunk; return c && c.prompt && c.prompt.text === "
+        "'it starts to snow' && c.prompt.weight === undefined && window.worldrtc.stats.promptMs !== null; }",
+        timeout=STREAM_TIMEOUT_MS,
+    )
+    state = hook(page)
+    assert state["promptSent"] == {
+        "text": "it starts to snow",
+        "transitionChunks": 3,
+        "seq": state["lastSeq"]["prompt"],
+    }
+    assert 0 < state["stats"]["promptMs"] < STREAM_TIMEOUT_MS
+    assert page.locator("#hud-prompt").text_content() == "it starts to snow"
+    assert page.locator("#hud-prompt-latency").text_content().endswith(" ms")
+    # Typing in the box steers nothing: the keys W and D went into the text, not to the world.
+    controls_before = hook(page)["lastSeq"].get("control")
+    box.fill("")
+    box.type("wd")
+    assert hook(page)["lastSeq"].get("control") == controls_before and box.input_value() == "wd"
+    stop(page)
+    no_page_errors(errors)

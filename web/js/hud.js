@@ -5,6 +5,7 @@
 import { api } from "./api.js";
 import { el } from "./dom.js";
 import { currentFps, percentile } from "./latency.js";
+import { describeReceipt } from "./prompts.js";
 import { app, heldKeys, hook, lookAccepted } from "./state.js";
 
 const TIMELINE_POLL_MS = 1000; // the HUD strip's refresh (GET …/timeline)
@@ -49,6 +50,8 @@ export function renderHud() {
   // A spectator holds no keys: its row shows the driver's, as the last chunk applied them.
   const keys = hook.role === "spectator" ? (chunk && chunk.applied_keys) || [] : live ? heldKeys(s) : [];
   el.hudKeys.textContent = live && keys.length ? keys.join(" ").toUpperCase() : "–";
+  el.hudPrompt.textContent = (chunk && describeReceipt(chunk.prompt)) || "–";
+  el.hudPromptLatency.textContent = st.promptMs === null ? "–" : `${Math.round(st.promptMs)} ms`;
 }
 
 // ---- the parent: the snapshot a branch (or a rewound session) goes on from ----

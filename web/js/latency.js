@@ -17,6 +17,9 @@
 //    after the message, a lower bound when the server's pacer still holds earlier frames.
 // Latency = that display time − sentAt: key press to photons, less the display's scan-out.
 // Matches waiting longer than MATCH_GIVE_UP_MS (pts that never arrive) are dropped, not guessed.
+//
+// A typed prompt is measured the same way (hook.stats.promptMs): from Enter to the first frame of the
+// first chunk whose receipt (msg.prompt, what its DiT read) names the prompt.
 
 import { el } from "./dom.js";
 import { app, hook } from "./state.js";
@@ -48,19 +51,37 @@ function shownAt(s, ptsStart, sentAt) {
   return hit ? hit[1] : null;
 }
 
+// A prompt sent at `sentAt` (performance.now()): measured when a chunk that read it arrives.
+export function notePrompt(s, text, sentAt) {
+  s.promptProbe = { text, sentAt };
+}
+
+function chunkPtsStart(s, msg) {
+  let ptsStart = typeof msg.pts_start === "number" ? msg.pts_start : null;
+  if (ptsStart !== null && s.lastPts !== null && !ptsPlausible(s, ptsStart, msg.num_frames)) {
+    s.ptsImplausible += 1;
+    ptsStart = null; // not on the wire's clock: fall back to the next presented frame
+  }
+  return ptsStart;
+}
+
 export function onChunk(s, msg) {
   const now = performance.now();
   hook.stats.chunksReceived += 1;
   hook.stats.lastChunk = msg;
   s.chunkArrivals.push(now);
   if (s.chunkArrivals.length > 21) s.chunkArrivals.shift();
+  const probe = s.promptProbe;
+  if (probe && msg.prompt && msg.prompt.text === probe.text) {
+    s.promptProbe = null;
+    const ptsStart = chunkPtsStart(s, msg);
+    const at = ptsStart === null ? null : shownAt(s, ptsStart, probe.sentAt);
+    if (at !== null) recordPrompt(at - probe.sentAt);
+    else s.matched.push({ prompt: true, sentAt: probe.sentAt, ptsStart, arrivedAt: now });
+  }
   const applied = msg.applied_seq;
   if (typeof applied === "number") {
-    let ptsStart = typeof msg.pts_start === "number" ? msg.pts_start : null;
-    if (ptsStart !== null && s.lastPts !== null && !ptsPlausible(s, ptsStart, msg.num_frames)) {
-      s.ptsImplausible += 1;
-      ptsStart = null; // not on the wire's clock: fall back to the next presented frame
-    }
+    const ptsStart = chunkPtsStart(s, msg);
     while (s.probes.length && s.probes[0].seq <= applied) {
       const probe = s.probes.shift();
       const at = ptsStart === null ? null : shownAt(s, ptsStart, probe.sentAt);
@@ -74,7 +95,7 @@ export function onChunk(s, msg) {
   }
   if (!videoFrameCallbacks()) {
     // Without requestVideoFrameCallback we cannot see individual frames; count arrival as display.
-    for (const m of s.matched) recordLatency(s, now - m.sentAt);
+    for (const m of s.matched) (m.prompt ? recordPrompt(now - m.sentAt) : recordLatency(s, now - m.sentAt));
     s.matched = [];
     hook.stats.g2gMethod = "chunk-arrival";
   }
@@ -153,6 +174,10 @@ function onFramesShown(s, onFirstFrame, at, frames, pts = null) {
   if (s.matched.length) {
     s.matched = s.matched.filter((m) => {
       if (m.nextFrameAt === undefined) m.nextFrameAt = at;
+      if (m.prompt && (pts === null || m.ptsStart === null || pts >= m.ptsStart)) {
+        recordPrompt(at - m.sentAt);
+        return false;
+      }
       if (pts === null || m.ptsStart === null || pts >= m.ptsStart) {
         hook.stats.g2gMethod = pts === null || m.ptsStart === null ? "next-frame" : "rtp-pts";
         recordLatency(s, at - m.sentAt);
@@ -167,6 +192,10 @@ function onFramesShown(s, onFirstFrame, at, frames, pts = null) {
       return performance.now() - m.arrivedAt < MATCH_GIVE_UP_MS;
     });
   }
+}
+
+function recordPrompt(ms) {
+  hook.stats.promptMs = ms;
 }
 
 function recordLatency(s, ms) {

@@ -37,6 +37,7 @@ import { adoptLimits, createBody, renderScenes, wireStartImage } from "./scenes.
 import { restart, start, stop, teardown } from "./session.js";
 import { wireShare } from "./share.js";
 import { save, wireSnapshots } from "./snapshots.js";
+import { wirePrompts } from "./prompts.js";
 import { leave, leaveNow, watch, watchAgain } from "./spectator.js";
 import { app, hook } from "./state.js";
 import { setState, showMessage, showModel, updateControls } from "./status.js";
@@ -127,6 +128,7 @@ function driverPage() {
   wireStartImage();
   wireControls({ save });
   wireHud();
+  wirePrompts();
   wireSnapshots();
   window.addEventListener("pagehide", () => {
     if (app.current && !app.current.closing) teardown(app.current, { sendStop: true });

@@ -19,6 +19,7 @@ export const hook = {
   snapshots: [], // the strip's snapshots, oldest first: {snapshot_id, session_id, chunk_index, bytes}
   parent: null, // the live session's parent {snapshot_id, session_id, chunk_index}: a branch, or rewound
   rewound: null, // the parent of the last "rewound" message
+  promptSent: null, // the last prompt typed while walking: {text, transitionChunks, seq} (prompts.js)
   touchUi: false,
   stats: {
     framesDisplayed: 0,
@@ -33,6 +34,7 @@ export const hook = {
     lastChunk: null,
     serverStats: null,
     rttMs: null,
+    promptMs: null, // the last typed prompt: Enter → first frame of the first chunk that read it
   },
 };
 window.worldrtc = hook;

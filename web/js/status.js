@@ -55,6 +55,8 @@ export function setState(state, text, action = null) {
   el.lookBtn.hidden = !steers || state !== "streaming" || document.pointerLockElement === el.videoBox ||
     hook.touchUi || !lookAccepted();
   el.touchControls.hidden = !(steers && hook.touchUi && state === "streaming");
+  el.livePromptForm.hidden = !(steers && app.modelInfo && app.modelInfo.live_prompts);
+  el.livePrompt.disabled = state !== "streaming";
   if (state !== "streaming") el.hudError.textContent = ""; // the overlay says what happened
   updateControls();
   renderHud();

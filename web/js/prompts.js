@@ -1,0 +1,33 @@
+// Prompts typed while walking: the box under the video sends `prompt {text, transition_chunks}` on
+// Enter (server/protocol.py), and each chunk's receipt (its `prompt`: what that chunk's DiT read)
+// says when it took effect. The time from Enter to the first frame of the first chunk that read the
+// prompt is measured in latency.js, like a key's; the HUD shows the prompt and that time.
+// Shown (status.js setState) for a driver of a model that takes live prompts (GET /v1/model `live_prompts`).
+
+import { send } from "./controls.js";
+import { el } from "./dom.js";
+import { notePrompt } from "./latency.js";
+import { app, hook } from "./state.js";
+
+export function wirePrompts() {
+  el.livePromptForm.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const s = app.current;
+    if (!s || s.closing || hook.role !== "driver") return;
+    const text = el.livePrompt.value.trim();
+    const transitionChunks = Number(el.liveTransition.value) || 1;
+    const sent = send(s, { type: "prompt", text, transition_chunks: transitionChunks });
+    if (!sent) return;
+    notePrompt(s, text, sent.t);
+    hook.promptSent = { text, transitionChunks, seq: sent.seq };
+    el.livePromptStatus.textContent = text ? `Sent: “${text}”. It applies from the next chunk.` : "Sent: no prompt.";
+  });
+}
+
+// A chunk's receipt, for the HUD: the prompt, and during a transition how far it has come.
+export function describeReceipt(receipt) {
+  if (!receipt || typeof receipt.text !== "string") return null;
+  const text = receipt.text || "(no prompt)";
+  if (typeof receipt.weight !== "number") return text;
+  return `${text} · ${Math.round(100 * receipt.weight)}% from “${receipt.from || ""}”`;
+}
