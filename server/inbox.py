@@ -67,9 +67,8 @@ class Inbox:
             return None
         if isinstance(msg, PromptMsg) and not self._prompts.take(now):
             self._count("rate_limited")
-            self._error(
-                "prompt_rate_limited", f"more than {self._settings.prompt_rate_per_s:g} prompts/s; the last one wins"
-            )
+            limit = self._settings.prompt_rate_per_s
+            self._error("prompt_rate_limited", f"more than {limit:g} prompts/s: {msg.text[:40]!r} was not applied")
             return None
         self._count("accepted")
         return msg
