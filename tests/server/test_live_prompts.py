@@ -4,6 +4,9 @@ family without text (Matrix-Game: `not_supported`)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,7 +47,9 @@ def _texts(chunks: list[dict[str, Any]]) -> list[str]:
     return [c["prompt"]["text"] for c in sorted(chunks, key=lambda c: c["index"])]
 
 
-async def test_the_dit_reads_a_typed_prompt_from_a_chunk_on(tiny_url: str) -> None:
+async def test_the_dit_reads_a_typed_prompt_from_a_chunk_on_and_the_recording_regenerates_it(
+    tiny_url: str, tmp_path: Path
+) -> None:
     model = httpx.get(f"{tiny_url}/v1/model").json()
     assert model["live_prompts"] is True and model["limits"]["max_transition_chunks"] >= 1
     client = Session(tiny_url, prompt="a quiet town", seed=3)
@@ -66,6 +71,28 @@ async def test_the_dit_reads_a_typed_prompt_from_a_chunk_on(tiny_url: str) -> No
     assert texts[:switch] == ["a quiet town"] * switch and set(texts[switch:]) == {"snow falls"}, texts
     assert sent_after < switch <= sent_after + MAX_CHUNKS_LATE, (sent_after, texts)
     assert not client.run.errors
+
+    # The recording keeps the change on the chunk whose DiT took it; the replay hands it to exactly
+    # that chunk and meets every digest.
+    sid = client.info["session_id"]
+    record = httpx.get(f"{tiny_url}/v1/sessions/{sid}/recording").json()
+    changes = {c["index"]: c["prompt"] for c in record["chunks"] if "prompt" in c}
+    assert record["prompt"] == "a quiet town" and changes == {switch: {"text": "snow falls", "transition_chunks": 1}}
+    path = tmp_path / "rec.json"
+    path.write_text(json.dumps(record))
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.replay",
+        "--recording",
+        str(path),
+        "--quiet",
+        "--out",
+        str(tmp_path / "r.json"),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    n = len(record["chunks"])
+    assert done.returncode == 0 and f"every chunk's digest equal ({n} of {n})" in done.stdout, done.stdout + done.stderr
 
 
 async def test_a_transition_and_the_latest_of_a_flood_of_prompts(synthetic_url: str) -> None:

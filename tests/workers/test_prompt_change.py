@@ -98,3 +98,18 @@ def test_a_transition_snapshot_and_branch_continue_bit_exact(engine: SerialEngin
     again = [branch.step(WALK) for _ in range(2)]
     assert [r.prompt for r in again] == [r.prompt for r in rest]
     assert all(np.array_equal(a.frames, b.frames) for a, b in zip(rest, again, strict=True))
+
+
+@pytest.mark.heavy
+def test_a_branch_from_before_a_change_brings_the_old_prompt_back(engine: SerialEngine) -> None:
+    session = engine.create_session(IMAGE, "a quiet town", seed=2)
+    _walk(engine, session, 1)
+    before = engine.snapshot(session)
+    engine.set_prompt(session, "fog rolls in")
+    assert session.step(WALK).prompt == {"text": "fog rolls in"}
+    rewound = engine.branch(before)
+    steady = engine.create_session(IMAGE, "a quiet town", seed=2)
+    _walk(engine, steady, 1)
+    again, kept = rewound.step(WALK), steady.step(WALK)
+    assert again.prompt == kept.prompt == {"text": "a quiet town"}
+    assert np.array_equal(again.frames, kept.frames)
