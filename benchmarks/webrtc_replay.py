@@ -39,6 +39,7 @@ import httpx
 
 from benchmarks.delivery import analyze
 from benchmarks.local_server import local_server
+from benchmarks.stats import summarize
 from benchmarks.timeline import picture_path, write_picture
 from benchmarks.trace import Trace
 from server.dispatch import DispatchPolicy
@@ -60,6 +61,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--viewers", type=int, default=1, help="concurrent viewers per run")
     p.add_argument("--scene", default=None, help="built-in scene (default: the server's default scene)")
     p.add_argument("--prompt", default="")
+    p.add_argument(
+        "--prompts",
+        default=None,
+        help='prompts to type while walking, "|"-separated, spread evenly over the run (e.g. "snow|night|"): '
+        "each one's send → first frame of the first chunk that read it is measured",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--token", default=None, help="API token, if the server requires one")
     p.add_argument(
@@ -105,6 +112,14 @@ async def replay(session: Session, trace: Trace, duration_s: float) -> None:
         await asyncio.sleep(rest)
 
 
+async def type_prompts(session: Session, prompts: list[str], duration_s: float) -> None:
+    """Each prompt at an even share of the run (the first after one share: the world has started)."""
+    every_s = duration_s / (len(prompts) + 1)
+    for text in prompts:
+        await asyncio.sleep(every_s)
+        session.prompt(text)
+
+
 async def wait_steady(clients: list[Session]) -> None:
     deadline = time.perf_counter() + STEADY_WAIT_S
     while not all(any(c["index"] >= 1 for c in client.run.chunks) for client in clients):
@@ -138,6 +153,8 @@ async def run_policy(args: argparse.Namespace, url: str, trace: Trace, policy: s
             )
             t0 = time.perf_counter()
             replays = [asyncio.create_task(replay(c, trace, args.duration_s)) for c in clients]
+            if args.prompts is not None:  # the first viewer types: each prompt changes every viewer's world
+                replays.append(asyncio.create_task(type_prompts(clients[0], args.prompts.split("|"), args.duration_s)))
             await wait_steady(clients)
             steady_t, before = time.perf_counter(), await engine_status(http)
             await asyncio.gather(*replays)
@@ -161,6 +178,8 @@ async def run_policy(args: argparse.Namespace, url: str, trace: Trace, policy: s
             "fps": fps,
             "dispatch": m.get("dispatch"),
             "controls_sent": len(c.run.sent),
+            "prompts_sent": len(c.run.prompts_sent),
+            "prompt_to_frame_s": summarize(c.prompt_to_frame_s()),
             "chunks_received": len(c.run.chunks),
             "errors": c.run.errors,
             "server_frames_repeated": m.get("frames_repeated"),
@@ -237,6 +256,12 @@ def headline(run: dict[str, Any]) -> list[str]:
             f"p95 {g['p95'] or 0:.2f} s; server repeats {v['server_frames_repeated']} drops "
             f"{v['server_frames_dropped']}"
         )
+        if v["prompts_sent"]:
+            p = v["prompt_to_frame_s"]
+            lines.append(
+                f"    prompts: {v['prompts_sent']} typed, {p['count']} seen; prompt → frame p50 {p['p50'] or 0:.2f} s "
+                f"max {p['max'] or 0:.2f} s"
+            )
         rec = v.get("recording")
         if rec is not None:
             per_min = rec["chunk_bytes_per_minute"] or 0.0

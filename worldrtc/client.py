@@ -42,7 +42,7 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from workers.frame_stamp import read_stamp
-from worldrtc.frames import ContentIds, ReceivedFrame, glass_to_glass_s
+from worldrtc.frames import ContentIds, ReceivedFrame, glass_to_glass_s, prompt_to_frame_s
 
 SYNTHETIC = "synthetic"  # the model whose frames carry their own frame numbers
 CONTROL_TYPES = ("control", "control_state", "look", "reset_pose")
@@ -76,6 +76,7 @@ class ClientRun:
     stats: list[dict[str, Any]] = field(default_factory=list)
     ready: dict[str, Any] | None = None
     sent: dict[int, float] = field(default_factory=dict)  # control seq -> send time
+    prompts_sent: list[tuple[str, float]] = field(default_factory=list)  # (text, send time) of each prompt
     done: dict[str, Any] | None = None
     # The session pts of this viewer's first frame (`video_start`): a receiver counts pts from its own
     # first frame, so a spectator that joined late is offset. 0 for a driver.
@@ -297,6 +298,8 @@ class Session:
         now = time.perf_counter()
         if message.get("type") in CONTROL_TYPES:
             self.run.sent[self._seq] = now
+        elif message.get("type") == "prompt":
+            self.run.prompts_sent.append((str(message.get("text", "")), now))
         self.channel.send(json.dumps({**message, "seq": self._seq, "t": now * 1000}))
         return self._seq
 
@@ -353,6 +356,11 @@ class Session:
     def glass_to_glass_s(self) -> list[float]:
         """Per control sent: seconds until the first frame of the first chunk that applied it arrived."""
         return glass_to_glass_s(self.run.session_frames(), self.run.chunks, self.run.sent, self.run.stamped)
+
+    def prompt_to_frame_s(self) -> list[float]:
+        """Per prompt sent: seconds until the first frame of the first chunk whose DiT read it arrived."""
+        run = self.run
+        return prompt_to_frame_s(run.session_frames(), run.chunks, run.prompts_sent, run.stamped)
 
     def _on_track(self, track: MediaStreamTrack) -> None:
         task = asyncio.get_running_loop().create_task(self._receive(track))

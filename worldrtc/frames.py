@@ -33,25 +33,42 @@ class ContentIds:
         return self._id
 
 
+def _first_shown(frames: list[ReceivedFrame], chunk: dict[str, Any], sent_t: float, stamped: bool) -> float | None:
+    """When the first frame of `chunk` arrived after `sent_t`: found by its stamp on the synthetic
+    model, by its pts on real ones."""
+    if stamped:
+        hits = (f.t for f in frames if f.stamp is not None and f.stamp >= chunk["first_frame"] and f.t >= sent_t)
+    else:
+        hits = (f.t for f in frames if f.pts >= chunk["pts_start"] and f.t >= sent_t)
+    return next(hits, None)
+
+
 def glass_to_glass_s(
     frames: list[ReceivedFrame], chunks: list[dict[str, Any]], sent: dict[int, float], stamped: bool
 ) -> list[float]:
-    """Per control: send → first received frame of the first chunk that applied it (seq echoed).
-
-    The frame is found by its stamp on the synthetic model, by its pts on real ones."""
+    """Per control: send → first received frame of the first chunk that applied it (seq echoed)."""
     out = []
     ordered = sorted((c for c in chunks if c.get("applied_seq") is not None), key=lambda c: c["index"])
     for seq, sent_t in sent.items():
         chunk = next((c for c in ordered if c["applied_seq"] >= seq), None)
-        if chunk is None:
-            continue
-        if stamped:
-            shown = next(
-                (f.t for f in frames if f.stamp is not None and f.stamp >= chunk["first_frame"] and f.t >= sent_t),
-                None,
-            )
-        else:
-            shown = next((f.t for f in frames if f.pts >= chunk["pts_start"] and f.t >= sent_t), None)
+        shown = None if chunk is None else _first_shown(frames, chunk, sent_t, stamped)
+        if shown is not None:
+            out.append(shown - sent_t)
+    return out
+
+
+def prompt_to_frame_s(
+    frames: list[ReceivedFrame], chunks: list[dict[str, Any]], prompts: list[tuple[str, float]], stamped: bool
+) -> list[float]:
+    """Per prompt: send → first received frame of the first chunk whose DiT read it (its receipt
+    names the text; a chunk whose message came before the send does not count)."""
+    out = []
+    ordered = sorted((c for c in chunks if c.get("prompt")), key=lambda c: c["index"])
+    for text, sent_t in prompts:
+        chunk = next(
+            (c for c in ordered if c["prompt"]["text"] == text and c.get("received_t", sent_t) >= sent_t), None
+        )
+        shown = None if chunk is None else _first_shown(frames, chunk, sent_t, stamped)
         if shown is not None:
             out.append(shown - sent_t)
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.webrtc_replay import engine_window, parse_args
+from worldrtc.frames import ReceivedFrame, prompt_to_frame_s
 
 
 def test_arguments(tmp_path) -> None:
@@ -34,3 +35,17 @@ def test_window_gives_the_dit_idle_fraction_between_two_readings() -> None:
 
     w = engine_window(reading(10.0, 2.0), reading(18.0, 4.0), wall_s=10.0)
     assert w["dit_idle_fraction"] == pytest.approx(0.2) and w["stage_busy_s"]["dit"] == pytest.approx(8.0)
+
+
+def test_prompt_to_frame_is_send_to_the_first_frame_of_the_first_chunk_that_read_it() -> None:
+    frames = [ReceivedFrame(t=1.0 + 0.1 * i, pts=0, stamp=i, content_id=i) for i in range(40)]
+
+    def chunk(index: int, text: str, received_t: float) -> dict:
+        return {"index": index, "first_frame": 10 * index, "prompt": {"text": text}, "received_t": received_t}
+
+    chunks = [chunk(0, "day", 2.0), chunk(1, "day", 3.0), chunk(2, "snow", 4.0), chunk(3, "snow", 5.0)]
+    # "snow" sent at 2.5 s: chunk 2 read it, its first frame (stamp 20) arrived at 3.0 s.
+    got = prompt_to_frame_s(frames, chunks, [("snow", 2.5), ("never read", 2.6)], stamped=True)
+    assert got == pytest.approx([0.5])
+    # A chunk whose message came before the send is not the one that took the prompt.
+    assert prompt_to_frame_s(frames, chunks, [("day", 3.5)], stamped=True) == []

@@ -71,6 +71,8 @@ async def test_the_dit_reads_a_typed_prompt_from_a_chunk_on_and_the_recording_re
     assert texts[:switch] == ["a quiet town"] * switch and set(texts[switch:]) == {"snow falls"}, texts
     assert sent_after < switch <= sent_after + MAX_CHUNKS_LATE, (sent_after, texts)
     assert not client.run.errors
+    latency = client.prompt_to_frame_s()  # send → first frame of the first chunk that read it
+    assert len(latency) == 1 and 0 < latency[0] < WAIT_S
 
     # The recording keeps the change on the chunk whose DiT took it; the replay hands it to exactly
     # that chunk and meets every digest.
