@@ -31,9 +31,11 @@ def _serve(tmp_path_factory: pytest.TempPathFactory, args: list[str]) -> Iterato
         yield srv.url
 
 
-@pytest.fixture(scope="module")
-def tiny_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    yield from _serve(tmp_path_factory, ["--model", "tiny", "--placement", "cpu"])
+@pytest.fixture(
+    scope="module", params=["tiny", pytest.param("gridworld", marks=pytest.mark.long)]
+)  # gridworld: a real-time stream of its 128 × 128 frames, in the long tier
+def model_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from _serve(tmp_path_factory, ["--model", request.param, "--placement", "cpu"])
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +50,11 @@ def _texts(chunks: list[dict[str, Any]]) -> list[str]:
 
 
 async def test_the_dit_reads_a_typed_prompt_from_a_chunk_on_and_the_recording_regenerates_it(
-    tiny_url: str, tmp_path: Path
+    model_url: str, tmp_path: Path
 ) -> None:
-    model = httpx.get(f"{tiny_url}/v1/model").json()
+    model = httpx.get(f"{model_url}/v1/model").json()
     assert model["live_prompts"] is True and model["limits"]["max_transition_chunks"] >= 1
-    client = Session(tiny_url, prompt="a quiet town", seed=3)
+    client = Session(model_url, prompt="a quiet town", seed=3)
     await client.start()
     try:
         await wait_until_async(lambda: len(client.run.chunks) >= 2, WAIT_S, "two chunks")
@@ -77,7 +79,7 @@ async def test_the_dit_reads_a_typed_prompt_from_a_chunk_on_and_the_recording_re
     # The recording keeps the change on the chunk whose DiT took it; the replay hands it to exactly
     # that chunk and meets every digest.
     sid = client.info["session_id"]
-    record = httpx.get(f"{tiny_url}/v1/sessions/{sid}/recording").json()
+    record = httpx.get(f"{model_url}/v1/sessions/{sid}/recording").json()
     changes = {c["index"]: c["prompt"] for c in record["chunks"] if "prompt" in c}
     assert record["prompt"] == "a quiet town" and changes == {switch: {"text": "snow falls", "transition_chunks": 1}}
     path = tmp_path / "rec.json"
