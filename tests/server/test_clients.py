@@ -93,6 +93,7 @@ def test_a_vanished_viewer_is_noticed_from_the_connection(server: ServerProcess)
     assert record["ended"] == "peer_gone" and "RTCP" in record["error"], record
 
 
+@pytest.mark.long
 async def test_a_watch_only_viewer_keeps_streaming_without_sending_anything(server: ServerProcess) -> None:
     async with Session(server.url) as viewer:  # sends nothing at all: no controls, no pings
         t0 = time.perf_counter()
