@@ -5,9 +5,9 @@
               │                  of them within abuse_window_s: on_abuse (the session closes)
               ├── over control_rate_per_s (burst: one second's worth): dropped, counted, and answered
               │   with at most one `rate_limited` error a second: a flood must not be answered in kind
-              └── a prompt over prompt_rate_per_s (burst: two seconds' worth): dropped, counted as
-                  rate_limited, answered with `prompt_rate_limited` (each one: a person typing
-                  should know which prompt did not land)
+              └── a prompt over prompt_rate_per_s (burst: one second's worth): dropped, counted as
+                  rate_limited, answered with at most one `prompt_rate_limited` a second. Below it,
+                  prompts faster than chunks cost nothing: the engine keeps only the latest
 
 Counts by result (accepted, rate_limited, invalid) go to the session's figures and to
 `worldrtc_control_messages_total{result}`.
@@ -24,7 +24,7 @@ from server.protocol import ClientMessage, PromptMsg, ProtocolError, parse_clien
 from server.rate_limit import TokenBucket
 from server.settings import Settings
 
-RATE_NOTICE_S = 1.0  # at most one `rate_limited` error a second
+RATE_NOTICE_S = 1.0  # at most one `rate_limited` (and one `prompt_rate_limited`) error a second
 
 
 class Inbox:
@@ -41,8 +41,8 @@ class Inbox:
         rate = settings.control_rate_per_s
         self._bucket = TokenBucket.full(rate, burst=rate, now=now)
         prompts = settings.prompt_rate_per_s
-        self._prompts = TokenBucket.full(prompts, burst=max(1.0, 2 * prompts), now=now)
-        self._rate_notice_t = -math.inf
+        self._prompts = TokenBucket.full(prompts, burst=max(1.0, prompts), now=now)
+        self._rate_notice_t = self._prompt_notice_t = -math.inf
         self._invalid_t: deque[float] = deque()  # arrival times of invalid messages within abuse_window_s
         self.counts = {"accepted": 0, "rate_limited": 0, "invalid": 0}
 
@@ -67,8 +67,10 @@ class Inbox:
             return None
         if isinstance(msg, PromptMsg) and not self._prompts.take(now):
             self._count("rate_limited")
-            limit = self._settings.prompt_rate_per_s
-            self._error("prompt_rate_limited", f"more than {limit:g} prompts/s: {msg.text[:40]!r} was not applied")
+            if now - self._prompt_notice_t >= RATE_NOTICE_S:
+                self._prompt_notice_t = now
+                limit = self._settings.prompt_rate_per_s
+                self._error("prompt_rate_limited", f"more than {limit:g} prompts/s: {msg.text[:40]!r} was not applied")
             return None
         self._count("accepted")
         return msg

@@ -94,8 +94,9 @@ class Settings(BaseSettings):
     image_max_pixels: int = Field(default=4096 * 4096, ge=1)  # read from the header, before decoding
     sdp_max_bytes: int = 32 * 1024
     control_rate_per_s: float = Field(default=120.0, gt=0)
-    # Prompt changes a driver may send (burst: twice this); a prompt costs a text encoder forward.
-    prompt_rate_per_s: float = Field(default=2.0, gt=0)
+    # Prompt changes a driver may send (burst: one second's worth). Faster than chunks they collapse
+    # (the engine encodes the latest), so this only stops a flood: a page that sends as you type fits.
+    prompt_rate_per_s: float = Field(default=60.0, gt=0)
     # Invalid data-channel messages a session may send in `abuse_window_s` before it is closed
     # (`protocol_abuse`); a client that follows the published contract sends none.
     abuse_limit: int = Field(default=50, ge=1)

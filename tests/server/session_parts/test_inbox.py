@@ -67,18 +67,19 @@ def test_invalid_messages_outside_the_window_are_forgotten() -> None:
     assert out.abuse == [] and box.counts["invalid"] == 4
 
 
-def test_prompts_have_their_own_rate_and_every_refused_one_is_named() -> None:
-    box, out = inbox(prompt_rate_per_s=2)
-    got = [box.receive(f'{{"type": "prompt", "text": "p{i}", "transition_chunks": 2}}', 0.0) for i in range(6)]
+def test_prompts_have_their_own_rate_and_a_flood_is_answered_once_a_second() -> None:
+    box, out = inbox(prompt_rate_per_s=4)
+    got = [box.receive(f'{{"type": "prompt", "text": "p{i}", "transition_chunks": 2}}', 0.0) for i in range(7)]
     accepted = [m for m in got if m is not None]
-    assert [(m.text, m.transition_chunks) for m in accepted] == [("p0", 2), ("p1", 2), ("p2", 2), ("p3", 2)]
-    assert [code for code, _ in out.errors] == ["prompt_rate_limited"] * 2
-    assert "'p4' was not applied" in out.errors[0][1] and "'p5'" in out.errors[1][1]
+    assert [(m.text, m.transition_chunks) for m in accepted] == [(f"p{i}", 2) for i in range(4)]  # the burst
+    assert [code for code, _ in out.errors] == ["prompt_rate_limited"] and "'p4' was not applied" in out.errors[0][1]
+    assert box.counts["rate_limited"] == 3
     assert box.receive('{"type": "ping"}', 0.0) is not None  # controls keep their own budget
-    assert box.receive('{"type": "prompt", "text": "later"}', 0.5) is not None  # a token back after 0.5 s
+    assert box.receive('{"type": "prompt", "text": "later"}', 0.25) is not None  # a token back after 0.25 s
+    assert box.receive('{"type": "prompt", "text": "again"}', 1.1) is not None
     for bad in (
         '{"type": "prompt", "text": "x", "transition_chunks": 0}',
         '{"type": "prompt", "text": "x", "transition_chunks": 17}',
     ):
-        assert box.receive(bad, 0.5) is None
-    assert [code for code, _ in out.errors][-2:] == ["bad_message", "bad_message"]
+        assert box.receive(bad, 1.1) is None
+    assert [code for code, _ in out.errors][1:] == ["bad_message", "bad_message"]
