@@ -6,6 +6,7 @@ from benchmarks.reliability import (
     cases_fuzz,  # noqa: F401
     cases_lifecycle,  # noqa: F401
     cases_load,  # noqa: F401
+    cases_prompts,  # noqa: F401
     cases_recording,  # noqa: F401
     cases_security,  # noqa: F401
     cases_snapshots,  # noqa: F401

@@ -723,7 +723,8 @@ def test_a_prompt_typed_while_walking_takes_effect_and_says_when(
         "seq": state["lastSeq"]["prompt"],
     }
     assert 0 < state["stats"]["promptMs"] < STREAM_TIMEOUT_MS
-    assert page.locator("#hud-prompt").text_content() == "it starts to snow"
+    # The HUD redraws on its own clock: wait for it to show the whole prompt.
+    page.wait_for_function("() => document.getElementById('hud-prompt').textContent === 'it starts to snow'")
     assert page.locator("#hud-prompt-latency").text_content().endswith(" ms")
     # Typing in the box steers nothing: the keys W and D went into the text, not to the world.
     controls_before = hook(page)["lastSeq"].get("control")

@@ -29,5 +29,5 @@ export function describeReceipt(receipt) {
   if (!receipt || typeof receipt.text !== "string") return null;
   const text = receipt.text || "(no prompt)";
   if (typeof receipt.weight !== "number") return text;
-  return `${text} · ${Math.round(100 * receipt.weight)}% from “${receipt.from || ""}”`;
+  return `${text} · ${Math.round(100 * receipt.weight)}% from “${receipt.from || "no prompt"}”`;
 }
