@@ -277,7 +277,15 @@ class PipelineEngine:
         """The session's prompt from the DiT's next chunk once encoded (or, replaying a recording,
         from chunk `at_chunk` exactly), reached over `transition_chunks` chunks (a family with
         `live_prompts`; the caller checks)."""
-        self._submit(lambda: self._carry_out(self.scheduler.set_prompt(session_id, text, transition_chunks, at_chunk)))
+
+        def request() -> None:
+            try:
+                effects = self.scheduler.set_prompt(session_id, text, transition_chunks, at_chunk)
+            except ValueError as exc:  # a replay's change for a chunk already started: that session only
+                effects = self.scheduler.close(session_id, error=str(exc))
+            self._carry_out(effects)
+
+        self._submit(request)
 
     def close_session(self, session_id: str) -> None:
         with self._admitted_lock:

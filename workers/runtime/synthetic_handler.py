@@ -83,9 +83,7 @@ class SyntheticHandler(StageHandler):
         if isinstance(msg, EncodePrompt):  # a text encoder's forward takes no stage time worth holding
             context = self._stand_in_context()
             assert context is not None
-            yield PromptEncoded(
-                stage, rank, msg.session_id, msg.epoch, msg.version, msg.text, msg.transition_chunks, context, 0.0
-            )
+            yield PromptEncoded.answer(msg, stage, rank, context, 0.0)
             return
         if not isinstance(msg, EncodeChunk | DenoiseChunk | DecodeChunk):
             raise TypeError(f"synthetic stage cannot handle {type(msg).__name__}")
