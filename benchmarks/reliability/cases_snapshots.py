@@ -44,10 +44,11 @@ from worldrtc import Session
 # A closed session stays listed (with a task that forgets it) for closed_session_keep_s: short here,
 # so that what is left after it is a leak.
 KEEP_S = 1.0
-# Rows 28-30 share a synthetic server. That model's stages keep one small integer per session: its
-# snapshots are 15 bytes (a 5-byte pickle from each of the 3 stages), and a 22-byte budget holds one.
-SYNTHETIC_SNAPSHOT_BYTES = 15
-ROOM_FOR_ONE = ServerConfig().with_env(create_burst=1000, closed_session_keep_s=KEEP_S, snapshot_budget_gib=22 / 2**30)
+# Rows 28-30 share a synthetic server. That model's encode and decode stages keep one small integer
+# per session (a 5-byte pickle each), its DiT the chunk size and its prompt bookkeeping (319 bytes for
+# the empty prompt): a snapshot is 329 bytes, and a 500-byte budget holds one.
+SYNTHETIC_SNAPSHOT_BYTES = 329
+ROOM_FOR_ONE = ServerConfig().with_env(create_burst=1000, closed_session_keep_s=KEEP_S, snapshot_budget_gib=500 / 2**30)
 # The gridworld model on the CPU, by the memory plan: a snapshot is 33.2 MiB until the condition
 # encoder reaches its fixed point (about chunk 10), 17.9 MiB after. A budget under the smaller is
 # refused before any copy; one with room for two of the larger holds two early ones, not three.

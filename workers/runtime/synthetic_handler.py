@@ -76,8 +76,12 @@ class SyntheticHandler(StageHandler):
             elif msg.context is not None:
                 self.take(msg.context)
                 acks = self.done_with(msg.context)
-            prompt = PromptContext(msg.prompt, torch.zeros(1, 1), text_len=1)
-            self.sessions[msg.session_id] = SyntheticSession(msg.chunk_latent_frames, prompt)
+            # Only the DiT keeps prompt bookkeeping; the other stages keep the chunk size alone.
+            if stage is Stage.DIT:
+                prompt = PromptContext(msg.prompt, torch.zeros(1, 1), text_len=1)
+                self.sessions[msg.session_id] = SyntheticSession(msg.chunk_latent_frames, prompt)
+            else:
+                self.sessions[msg.session_id] = msg.chunk_latent_frames
             yield SessionOpened(stage, rank, msg.session_id, msg.epoch, context=context, acks=acks)
             return
         if isinstance(msg, EncodePrompt):  # a text encoder's forward takes no stage time worth holding
@@ -88,14 +92,15 @@ class SyntheticHandler(StageHandler):
         if not isinstance(msg, EncodeChunk | DenoiseChunk | DecodeChunk):
             raise TypeError(f"synthetic stage cannot handle {type(msg).__name__}")
         t0 = time.perf_counter()
-        session: SyntheticSession = self.sessions[msg.session_id]
-        chunk = session.chunk_latent_frames
+        session = self.sessions[msg.session_id]
+        chunk = session.chunk_latent_frames if isinstance(session, SyntheticSession) else session
         self.check_fault(msg.chunk_index)
         if isinstance(msg, EncodeChunk):
             cond = torch.zeros(1, 20, chunk, p.latent_height, p.latent_width)
             yield self.chunk_done(msg, self._hold_from(t0), self.publish(cond))
         elif isinstance(msg, DenoiseChunk):
             self.take(msg.cond)
+            assert isinstance(session, SyntheticSession)
             read: tuple[TensorRef, ...] = (msg.cond,)
             if msg.prompt is not None:
                 self.take(msg.prompt.context)
