@@ -13,9 +13,12 @@ Phases run in order; each resumes from its checkpoint, and skips itself when its
   decoder  with --decoder-steps N: tune the finished VAE's decoder, its encoder frozen
            (workers/training/decoder_tune.py) -> decoder.ckpt.pt, then vae.safetensors in place
   latents  render and encode the DiT's clips -> latents.pt
+  events   walks whose prompt switches mid-walk to an event (night, snow, fog, dusk) -> events.pt
   moves    many more starts, one chunk each of single moves -> moves.pt (the DiT's first-chunk steps)
-  dit      train the causal DiT              -> dit.ckpt.pt
+  dit      train the causal DiT on the walks (latents.pt and events.pt) -> dit.ckpt.pt
   export   weights + model card              -> weights/  (the layout the strict loader reads)
+A set given 0 starts (--starts, --event-starts, --move-starts) is not built and not used, e.g. a
+fine-tune on events alone: --vae-init bundled --dit-init bundled --starts 0 --move-starts 0.
 Seeds fix everything: the world, the clips, the initialisations and the noise.
 """
 
@@ -48,14 +51,22 @@ from workers.training.dit_train import (
     train_dit,
 )
 from workers.training.export import hardware, install, write_checkpoint
-from workers.training.latents import MOVE_STARTS, LatentSetConfig, build_latent_set, first_chunk_set
+from workers.training.latents import (
+    EVENT_STARTS,
+    MOVE_STARTS,
+    LatentSetConfig,
+    build_latent_set,
+    event_set,
+    first_chunk_set,
+)
 from workers.training.resume_point import ResumePoint
 from workers.training.vae_train import VAETrainConfig, fold_latent_stats, measure_latent_stats, train_vae
 from workers.world import World
 
 # The decoder phase comes before anything that loads the VAE: a preset whose decoder changed shape
 # (decoder_full_res_kernel_t) needs it before its VAE file loads.
-PHASES = ("vae", "decoder", "latents", "moves", "dit", "export")
+PHASES = ("vae", "decoder", "latents", "events", "moves", "dit", "export")
+WALK_SETS = ("latents", "events")  # the DiT's whole-walk steps draw from these (those built)
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -112,6 +123,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--starts", type=int, default=LatentSetConfig.starts, help="start poses in the DiT data set")
     p.add_argument("--chunks", type=int, default=LatentSetConfig.chunks, help="chunks per walk in the DiT data set")
+    p.add_argument(
+        "--event-starts",
+        type=int,
+        default=EVENT_STARTS,
+        help="start poses (2 walks each) whose prompt switches to an event mid-walk",
+    )
     p.add_argument(
         "--move-starts", type=int, default=MOVE_STARTS, help="start poses in the first-chunk set of single moves"
     )
@@ -228,6 +245,9 @@ def load_trained_vae(out: Path, preset: ModelPreset) -> WanVAE:
 
 def _build_set(args: argparse.Namespace, preset: ModelPreset, name: str, cfg: LatentSetConfig) -> None:
     final = args.out / f"{name}.pt"
+    if cfg.starts == 0:
+        print(f"[{name}] 0 starts: not built", flush=True)
+        return
     if final.is_file():
         print(f"[{name}] {final} exists, skipping", flush=True)
         return
@@ -237,6 +257,10 @@ def _build_set(args: argparse.Namespace, preset: ModelPreset, name: str, cfg: La
 def phase_latents(args: argparse.Namespace, preset: ModelPreset) -> None:
     cfg = LatentSetConfig(starts=args.starts, chunks=args.chunks, seed=args.seed, workers=args.workers)
     _build_set(args, preset, "latents", cfg)
+
+
+def phase_events(args: argparse.Namespace, preset: ModelPreset) -> None:
+    _build_set(args, preset, "events", event_set(args.event_starts, args.seed, args.workers, args.chunks))
 
 
 def phase_moves(args: argparse.Namespace, preset: ModelPreset) -> None:
@@ -266,11 +290,20 @@ def _init_dir(flag: str, value: str, preset: ModelPreset) -> Path:
     return bundled
 
 
+def _load_set(args: argparse.Namespace, preset: ModelPreset, name: str) -> LatentSet | None:
+    path = args.out / f"{name}.pt"
+    return LatentSet.from_data(torch.load(path, weights_only=False), preset) if path.is_file() else None
+
+
 def phase_dit(args: argparse.Namespace, preset: ModelPreset) -> None:
-    data = LatentSet.from_data(torch.load(args.out / "latents.pt", weights_only=False), preset)
-    moves = LatentSet.from_data(torch.load(args.out / "moves.pt", weights_only=False), preset)
-    first = LatentSet.first_chunks([data, moves], preset.chunk_latent_frames)
-    print(f"[dit] {len(data)} walks; first-chunk steps draw from {len(first)} clips", flush=True)
+    walks = {name: s for name in WALK_SETS if (s := _load_set(args, preset, name)) is not None}
+    if not walks:
+        raise FileNotFoundError(f"no walks in {args.out} ({', '.join(f'{n}.pt' for n in WALK_SETS)})")
+    data = LatentSet.concat(list(walks.values()))
+    moves = _load_set(args, preset, "moves")
+    first = LatentSet.first_chunks([data, *([moves] if moves else [])], preset.chunk_latent_frames)
+    counts = ", ".join(f"{len(s)} from {name}.pt" for name, s in walks.items())
+    print(f"[dit] {len(data)} walks ({counts}); first-chunk steps draw from {len(first)} clips", flush=True)
     text = random_text_encoder(preset)
     init = None if args.dit_init is None else _init_dir("--dit-init", args.dit_init, preset)
     train_dit(preset, data, text, args.out, _dit_config(args), torch.device(args.device), first, init, args.keep)
@@ -286,8 +319,11 @@ def phase_export(args: argparse.Namespace, preset: ModelPreset) -> Path:
     vae_info = json.loads((args.out / "vae.json").read_text())
     vae = vae_info["config"]
     image_steps = vae.get("image_steps", 0)  # VAEs trained before the image phase existed have none
-    latents = torch.load(args.out / "latents.pt", weights_only=False)
-    moves = torch.load(args.out / "moves.pt", weights_only=False)
+    sets = {
+        name: torch.load(args.out / f"{name}.pt", weights_only=False)
+        for name in (*WALK_SETS, "moves")
+        if (args.out / f"{name}.pt").is_file()
+    }
     card = {
         "preset": preset.name,
         "architecture": "Wan2.1 DiT with LingBot-World camera layers, Wan2.1 causal VAE, umT5 (small widths)",
@@ -310,16 +346,13 @@ def phase_export(args: argparse.Namespace, preset: ModelPreset) -> Path:
                 else ""
             )
             + _decoder_data(vae_info),
-            "dit": f"{len(latents['latents'])} clips of {latents['config']['chunks']} chunks from "
-            f"{latents['config']['starts']} train-split starts ({latents['config']['paths_per_start']} paths each); "
-            f"first-chunk steps add {len(moves['latents'])} one-chunk clips of single moves from "
-            f"{moves['config']['starts']} other starts ({moves['config']['paths_per_start']} moves each)",
+            "dit": "; ".join(_set_data(name, data) for name, data in sets.items()),
             "held_out": "evaluation starts lie only in held-out cells; evaluation paths use their own seeds",
         },
         "training": {
             "vae": {"steps": vae["steps"], "wall_s": vae_info["wall_s"], "history": vae_info["history"]}
             | ({"decoder": vae_info["decoder"]} if "decoder" in vae_info else {}),
-            "latents": {"wall_s": latents["wall_s"], "moves_wall_s": moves["wall_s"]},
+            "latents": {f"{name}_wall_s": data["wall_s"] for name, data in sets.items()},
             "dit": {
                 "steps": dit_state["step"],
                 "wall_s": dit_state.get("wall_s"),
@@ -328,13 +361,25 @@ def phase_export(args: argparse.Namespace, preset: ModelPreset) -> Path:
             },
         },
         "hardware": hardware(),
-        "text": "the text encoder keeps seeded random weights; prompts do not steer this world",
+        "text": "the text encoder keeps seeded random weights; the DiT learned the prompts that name events "
+        "(workers/world/events.py) from walks whose prompt switches mid-walk"
+        if "events" in sets
+        else "the text encoder keeps seeded random weights; prompts do not steer this world",
         "evaluation": "run `python -m benchmarks.world_eval --out EVAL.json`",
     }
     out = args.out / "weights"
     write_checkpoint(out, dit, load_trained_vae(args.out, preset), random_text_encoder(preset).encoder, card)
     print(f"[export] wrote {out}", flush=True)
     return out
+
+
+def _set_data(name: str, data: dict) -> str:
+    cfg = data["config"]
+    clips, starts, paths = len(data["latents"]), cfg["starts"], cfg["paths_per_start"]
+    if name == "moves":
+        return f"first-chunk steps add {clips} one-chunk clips of single moves from {starts} starts ({paths} each)"
+    what = "walks whose prompt switches to an event (night, snow, fog, dusk) mid-walk" if cfg.get("events") else "walks"
+    return f"{clips} {what} of {cfg['chunks']} chunks from {starts} train-split starts ({paths} paths each)"
 
 
 def _decoder_data(vae_info: dict) -> str:
@@ -371,6 +416,8 @@ def _run_phases(args: argparse.Namespace, preset: ModelPreset, world: World, pha
         phase_decoder(args, preset, world)
     if "latents" in phases:
         phase_latents(args, preset)
+    if "events" in phases:
+        phase_events(args, preset)
     if "moves" in phases:
         phase_moves(args, preset)
     if "dit" in phases:

@@ -16,7 +16,7 @@ import torch
 from workers.controls import ChunkControl
 from workers.models.camera import CameraMotion, CameraState, Intrinsics
 from workers.models.presets import ModelPreset
-from workers.world import EMBEDDED_WORLD_SEED, World, random_controls, random_start, render_path
+from workers.world import EMBEDDED_WORLD_SEED, World, WorldEvent, random_controls, random_start, render_path
 
 WORLD_SEED = EMBEDDED_WORLD_SEED
 
@@ -80,7 +80,14 @@ def sample_controls(
     return tuple(controls)
 
 
-def render_clip(world: World, spec: ClipSpec, start: CameraState, controls: tuple[ChunkControl, ...]) -> Clip:
+def render_clip(
+    world: World,
+    spec: ClipSpec,
+    start: CameraState,
+    controls: tuple[ChunkControl, ...],
+    events: tuple[WorldEvent, ...] | None = None,
+) -> Clip:
+    """`events`: one per chunk (default: day throughout; see `render_path`)."""
     frames, _ = render_path(
         world,
         list(controls),
@@ -90,6 +97,7 @@ def render_clip(world: World, spec: ClipSpec, start: CameraState, controls: tupl
         spec.intrinsics,
         spec.motion,
         start=start,
+        events=events,
     )
     return Clip(start=start, controls=controls, frames=frames)
 

@@ -25,8 +25,10 @@ data (600 walks, smaller than the shipped run's) also scored lower, so that test
 settle what rollouts are worth.
 
 Conditioning matches inference: the image condition is the stored start-image stream, the camera
-is the server's integration of the clip's keys (`CameraTrack`), and the prompt is drawn from a small
-pool, empty included, so the model learns to ignore text (this world has no prompts).
+is the server's integration of the clip's keys (`CameraTrack`), and the prompt is each chunk's own:
+an event set (`latents.event_set`) stores the prompt its walk switched to at each chunk, and the
+DiT's cross-attention K/V change with it at that chunk, as a live prompt change makes them; other
+clips draw one prompt that names no event (`latents.PROMPTS`, empty included) and keep it.
 
 Camera: the camera path starts as the identity and learns at `camera_lr_scale` × the rate; half the
 steps train first chunks only (see `first_chunk_share`), drawn from the walks and from a wider set
@@ -67,14 +69,13 @@ from workers.models.tokenizer import load_tokenizer
 from workers.stages.denoise import make_sampler, noise_generator
 from workers.training import checkpoint
 from workers.training.grow import load_grown
-from workers.training.latents import control_from_dict
+from workers.training.latents import PROMPTS, control_from_dict
 from workers.training.progress import Progress
 from workers.training.repatch import repatch, source_patch
 from workers.training.resume_point import ResumePoint
 from workers.training.vae_train import lr_at
 
-TEXT_ENCODER_SEED = 2  # the small umT5 keeps seeded random weights; the DiT learns to ignore its output
-PROMPTS = ("", "", "a walk through the town", "streets and towers", "walking", "a sunny day", "explore", "hello")
+TEXT_ENCODER_SEED = 2  # the small umT5 keeps seeded random weights; the DiT learns what its output names
 
 
 @dataclass(frozen=True)
@@ -113,12 +114,15 @@ class LatentSet:
         start_of: torch.Tensor,
         cameras: torch.Tensor,
         camera_of: torch.Tensor,
+        prompts: list[tuple[str, ...] | None] | None = None,
     ) -> None:
         self.latents = latents  # [N, 16, F, h, w]
         self.conds = conds  # [S, 20, F, h, w], one per start
         self.start_of = start_of  # [N], each clip's start
         self.cameras = cameras  # [U, 384, F, h, w], the distinct camera inputs
         self.camera_of = camera_of  # [N], each clip's camera input
+        # [N]: each clip's prompt per chunk, or None where the clip keeps none (drawn in training)
+        self.prompts = prompts if prompts is not None else [None] * len(latents)
 
     @staticmethod
     def from_data(data: dict, preset: ModelPreset) -> LatentSet:
@@ -134,23 +138,38 @@ class LatentSet:
                 track = CameraTrack.for_preset(preset)
                 cams.append(torch.cat([track.next_chunk(control_from_dict(c), chunk) for c in controls], dim=1).half())
             camera_of.append(index[key])
-        return LatentSet(data["latents"], data["conds"], data["start_of"], torch.stack(cams), torch.tensor(camera_of))
+        prompts = [tuple(p) for p in data["prompts"]] if data.get("prompts") else None
+        return LatentSet(
+            data["latents"], data["conds"], data["start_of"], torch.stack(cams), torch.tensor(camera_of), prompts
+        )
+
+    @staticmethod
+    def concat(sets: list[LatentSet]) -> LatentSet:
+        """All clips of `sets`, which must be of the same length, as one set."""
+        if len({s.frames for s in sets}) > 1:
+            raise ValueError(f"sets of different lengths: {[s.frames for s in sets]} latent frames")
+        return LatentSet._join(sets, None, None)
 
     @staticmethod
     def first_chunks(sets: list[LatentSet], frames: int) -> LatentSet:
-        """All clips of `sets`, cut to their first `frames` latent frames, as one set."""
+        """All clips of `sets`, cut to their first chunk (`frames` latent frames), as one set."""
+        return LatentSet._join(sets, frames, 1)
 
+    @staticmethod
+    def _join(sets: list[LatentSet], frames: int | None, chunks: int | None) -> LatentSet:
         def offsets(counts: list[int]) -> list[int]:
             return np.cumsum([0, *counts[:-1]]).tolist()
 
         start_offsets = offsets([len(s.conds) for s in sets])
         camera_offsets = offsets([len(s.cameras) for s in sets])
+        cut = slice(0, frames)
         return LatentSet(
-            torch.cat([s.latents[:, :, :frames] for s in sets]),
-            torch.cat([s.conds[:, :, :frames] for s in sets]),
+            torch.cat([s.latents[:, :, cut] for s in sets]),
+            torch.cat([s.conds[:, :, cut] for s in sets]),
             torch.cat([s.start_of + o for s, o in zip(sets, start_offsets, strict=True)]),
-            torch.cat([s.cameras[:, :, :frames] for s in sets]),
+            torch.cat([s.cameras[:, :, cut] for s in sets]),
             torch.cat([s.camera_of + o for s, o in zip(sets, camera_offsets, strict=True)]),
+            [p if p is None else p[:chunks] for s in sets for p in s.prompts],
         )
 
     def __len__(self) -> int:
@@ -250,12 +269,15 @@ def train_step(
     x0: torch.Tensor,  # [B, 16, F, h, w]
     cond: torch.Tensor,  # [B, 20, F, h, w]
     cams: torch.Tensor,  # [B, 384, F, h, w]
-    text: list[torch.Tensor],
+    text: list[list[torch.Tensor]],
     gen: torch.Generator,
     last_step_prob: float,
     rollout: bool = False,
 ) -> tuple[torch.Tensor, list[float]]:
     """One clip batch through the causal chunk loop; returns the loss and per-chunk x0 MSE.
+
+    `text[k]`: chunk k's prompt embeddings, one per clip; the cross-attention K/V are computed once
+    per distinct list (pass the same list for chunks whose prompts do not change).
 
     `rollout`: each chunk but the last is committed as the model's own sample, drawn with the
     inference sampler from noise (no gradient), so every later chunk is scored against the truth
@@ -269,13 +291,19 @@ def train_step(
     spec = KVCacheSpec.for_dit(cfg, preset.tokens_per_latent_frame, chunk, batch=b)
     device = x0.device
     cache = SessionKVCache(spec, torch.float32, device)
-    text_kv = dit.text_kv([t.to(device) for t in text])
+    if len(text) != frames // chunk:
+        raise ValueError(f"text: one list per chunk ({frames // chunk}), got {len(text)}")
+    kv_of: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    for t in text:
+        if id(t) not in kv_of:
+            kv_of[id(t)] = dit.text_kv([e.to(device) for e in t])
     steps = len(schedule.timesteps)
     total = x0.new_zeros(())
     per_chunk = []
     for k in range(frames // chunk):
         sl = slice(k * chunk, (k + 1) * chunk)
         clean, c = x0[:, :, sl], cond[:, :, sl]
+        text_kv = kv_of[id(text[k])]
         # Drawn on the CPU generator whatever the device, so a seed means the same draws everywhere.
         last = torch.rand(b, generator=gen) < last_step_prob
         idx = torch.where(last, steps - 1, torch.randint(0, steps, (b,), generator=gen))
@@ -305,6 +333,22 @@ def train_step(
                 committed = torch.where(last.view(b, 1, 1, 1, 1).to(device), pred.detach(), clean)
             dit(committed, c, torch.zeros(b, device=device), text_kv, camera, k * chunk, cache, commit=True)
     return total / (frames // chunk), per_chunk
+
+
+def _batch_text(
+    source: LatentSet, idx: torch.Tensor, chunks: int, rng: np.random.Generator, embedding: dict[str, torch.Tensor]
+) -> list[list[torch.Tensor]]:
+    """Each chunk's prompt embeddings for the clips `idx`: a clip's own prompts where it keeps them,
+    else one drawn from `PROMPTS` for the whole clip (drawn for every clip, so the draws do not depend
+    on which clips keep prompts)."""
+    drawn = [PROMPTS[int(i)] for i in rng.integers(0, len(PROMPTS), len(idx))]
+    own = [source.prompts[int(i)] for i in idx]
+    per_chunk = [[p[k] if p is not None else d for p, d in zip(own, drawn, strict=True)] for k in range(chunks)]
+    lists: list[list[torch.Tensor]] = []
+    for k, texts in enumerate(per_chunk):
+        same = k > 0 and texts == per_chunk[k - 1]
+        lists.append(lists[-1] if same else [embedding[t] for t in texts])
+    return lists
 
 
 def train_dit(
@@ -339,7 +383,8 @@ def train_dit(
     step = start_step = state["step"] if state else 0
     wall_s = state.get("wall_s", 0.0) if state else 0.0
     t_run = time.perf_counter()
-    prompts = text_encoder.encode(list(PROMPTS))
+    pool = tuple(dict.fromkeys((*PROMPTS, *(p for clip in (*data.prompts, *first_data.prompts) if clip for p in clip))))
+    embedding = dict(zip(pool, text_encoder.encode(list(pool)), strict=True))
     progress = Progress("dit", cfg.steps, start=step, every=20)
     while step < cfg.steps:
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
@@ -351,7 +396,7 @@ def train_dit(
         frames = preset.chunk_latent_frames if first_only else data.frames
         idx = torch.from_numpy(rng.choice(len(source), batch, replace=False))
         x0, cond, cams = (t.to(device) for t in source.batch(idx, frames))
-        text = [prompts[int(i)] for i in rng.integers(0, len(prompts), batch)]
+        text = _batch_text(source, idx, frames // preset.chunk_latent_frames, rng, embedding)
         for group in opt.param_groups:
             group["lr"] = group["lr_scale"] * lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):

@@ -46,7 +46,11 @@ from workers.training.clips import (
     sample_start,
     split_rng,
 )
-from workers.world import World
+from workers.world import EVENT_PROMPTS, World, WorldEvent
+
+# What clips without a prompt of their own are trained with: prompts that name no event, as people
+# type them (the empty one twice as often); they all mean the day.
+PROMPTS = ("", "", "a walk through the town", "streets and towers", "walking", "a sunny day", "explore", "hello")
 
 # The single moves of `first_chunk_set`: every key alone, forward and back with a turn, standing still.
 MOVES: tuple[tuple[str, ...], ...] = (
@@ -74,6 +78,9 @@ class LatentSetConfig:
     # "walks": plausible walking paths (`random_controls`); "moves": each clip holds one of `MOVES`
     # throughout, the moves of one start all different.
     controls: Literal["walks", "moves"] = "walks"
+    # Whether each walk's prompt (and with it the world's event) may switch at a chunk boundary
+    # (`event_schedule`); without, clips keep no prompt and training draws one that names no event.
+    events: bool = False
     # Which draw of starts: sets of different streams draw their starts independently; the same
     # stream and seed give the same starts, in order.
     stream: int = 1
@@ -81,6 +88,9 @@ class LatentSetConfig:
     workers: int = 2
 
 
+EVENT_STARTS = 300  # starts of the shipped weights' event walks (2 paths each)
+DAY_SHARE = 0.2  # event walks that stay in the day throughout (their prompt may still change)
+SECOND_SWITCH = 0.35  # of the others: a second switch later in the walk, back to the day or to another event
 MOVE_STARTS = 1500  # starts of the shipped weights' first-chunk set: 6000 clips, about 15 min on 2 cores
 
 
@@ -89,6 +99,37 @@ def first_chunk_set(starts: int, seed: int, workers: int) -> LatentSetConfig:
     return LatentSetConfig(
         starts=starts, paths_per_start=4, chunks=1, controls="moves", stream=2, seed=seed, workers=workers
     )
+
+
+def event_set(starts: int, seed: int, workers: int, chunks: int) -> LatentSetConfig:
+    """Walks whose prompt switches mid-walk: what teaches the world its events."""
+    return LatentSetConfig(
+        starts=starts, paths_per_start=2, chunks=chunks, stream=3, seed=seed, workers=workers, events=True
+    )
+
+
+def event_schedule(rng: np.random.Generator, chunks: int) -> tuple[tuple[WorldEvent, ...], tuple[str, ...]]:
+    """Each chunk's event and the prompt that named it. Walks start in the day (their start image is
+    a day view); an event starts at a random chunk, the first included, and the prompt stays as
+    typed until the next switch. Day prompts are drawn from everything that names no event."""
+    day = tuple(dict.fromkeys((*EVENT_PROMPTS[WorldEvent.DAY], *PROMPTS)))
+    others = [e for e in WorldEvent if e is not WorldEvent.DAY]
+    events = [WorldEvent.DAY] * chunks
+    if rng.random() >= DAY_SHARE:
+        at = int(rng.integers(0, chunks))
+        events[at:] = [others[int(rng.integers(len(others)))]] * (chunks - at)
+        if at + 1 < chunks and rng.random() < SECOND_SWITCH:
+            again = int(rng.integers(at + 1, chunks))
+            choices = [e for e in WorldEvent if e is not events[at]]
+            events[again:] = [choices[int(rng.integers(len(choices)))]] * (chunks - again)
+    prompts: list[str] = []
+    for k, event in enumerate(events):
+        if k and event is events[k - 1]:
+            prompts.append(prompts[-1])
+        else:
+            pool = day if event is WorldEvent.DAY else EVENT_PROMPTS[event]
+            prompts.append(pool[int(rng.integers(len(pool)))])
+    return tuple(events), tuple(prompts)
 
 
 def control_to_dict(c: ChunkControl) -> dict:
@@ -118,13 +159,18 @@ def _encode_starts(preset: ModelPreset, vae_path: str, cfg: LatentSetConfig, ind
     latents: list[torch.Tensor] = []
     conds: list[torch.Tensor] = []
     controls: list[list[dict[str, object]]] = []
+    prompts: list[tuple[str, ...]] = []
     start_of: list[int] = []
     with torch.inference_mode():
         for n, i in enumerate(indices):
             rng = split_rng(cfg.seed, "train", cfg.stream * 10**6 + i)
             start = sample_start(rng, world, "train")
             for path in _sample_paths(rng, world, spec, start, cfg):
-                clip = render_clip(world, spec, start, path)
+                events = None
+                if cfg.events:
+                    events, chunk_prompts = event_schedule(rng, cfg.chunks)
+                    prompts.append(chunk_prompts)
+                clip = render_clip(world, spec, start, path, events)
                 if not conds or start_of[-1] != n:
                     stream = ImageConditionStream(vae, to_model_range(clip.frames[0]), preset, spec.chunk_latent_frames)
                     conds.append(torch.cat([stream.next_chunk() for _ in range(cfg.chunks)], dim=2)[0].cpu())
@@ -133,7 +179,7 @@ def _encode_starts(preset: ModelPreset, vae_path: str, cfg: LatentSetConfig, ind
                 start_of.append(n)
             if (n + 1) % 10 == 0 or n + 1 == len(indices):
                 print(f"[latents] {n + 1}/{len(indices)} starts of this worker encoded", flush=True)
-    return {"latents": latents, "conds": conds, "controls": controls, "start_of": start_of}
+    return {"latents": latents, "conds": conds, "controls": controls, "prompts": prompts, "start_of": start_of}
 
 
 def build_latent_set(
@@ -151,17 +197,20 @@ def build_latent_set(
     latents: list[torch.Tensor] = []
     conds: list[torch.Tensor] = []
     controls: list[list[dict[str, object]]] = []
+    prompts: list[tuple[str, ...]] = []
     start_of: list[int] = []
     for part in parts:
         base = len(conds)
         latents += part["latents"]
         conds += part["conds"]
         controls += part["controls"]
+        prompts += part["prompts"]
         start_of += [base + s for s in part["start_of"]]
     data = {
         "latents": torch.stack(latents).half(),  # [N, 16, F, h, w]
         "conds": torch.stack(conds).half(),  # [S, 20, F, h, w]
         "controls": controls,
+        "prompts": prompts,  # per clip, each chunk's prompt (event sets only)
         "start_of": torch.tensor(start_of),
         "config": asdict(cfg),
         "wall_s": time.time() - t0,

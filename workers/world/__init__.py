@@ -7,6 +7,7 @@ the heading. See map.py (layout and units), render.py (ray casting) and paths.py
 walls and random walks).
 """
 
+from workers.world.events import EVENT_PROMPTS, WorldEvent, apply_event, event_of_prompt
 from workers.world.map import MapConfig, WorldMap, generate_map
 from workers.world.paths import (
     PathPoses,
@@ -21,11 +22,15 @@ from workers.world.world import EMBEDDED_WORLD_SEED, World
 
 __all__ = [
     "EMBEDDED_WORLD_SEED",
+    "EVENT_PROMPTS",
     "MapConfig",
     "PathPoses",
     "RenderLayers",
     "World",
+    "WorldEvent",
     "WorldMap",
+    "apply_event",
+    "event_of_prompt",
     "free_distance",
     "generate_map",
     "random_controls",

@@ -19,6 +19,7 @@ were blocked, so training can choose its conditioning; the two agree until the f
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -27,6 +28,7 @@ import numpy as np
 from workers.chunk_geometry import video_frames
 from workers.controls import ChunkControl
 from workers.models.camera import CameraMotion, CameraState, Intrinsics
+from workers.world.events import WorldEvent, apply_event
 from workers.world.world import World
 
 Collision = Literal["stop", "slide", "none"]
@@ -139,14 +141,24 @@ def render_path(
     motion: CameraMotion | None = None,
     collision: Collision = "stop",
     start: CameraState | None = None,
+    events: Sequence[WorldEvent] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Frames [T, H, W, 3] uint8 and their c2w [T, 4, 4] float64, T = 4C−3 + 4C·(len(controls) − 1)."""
+    """Frames [T, H, W, 3] uint8 and their c2w [T, 4, 4] float64, T = 4C−3 + 4C·(len(controls) − 1).
+
+    `events`: one per chunk (default: day throughout). Frame 0, the start image, is always the day:
+    a session starts from a day scene and an event changes what follows it."""
     intrinsics = intrinsics or Intrinsics.default(width_px, height_px)
-    poses = simulate_path(world, controls, chunk_latent_frames, motion, collision, start=start).c2w
-    frames = np.zeros((len(poses), height_px, width_px, 3), dtype=np.uint8)
-    for i, pose in enumerate(poses):
-        frames[i] = world.render(pose, intrinsics, height_px, width_px)
-    return frames, poses
+    path = simulate_path(world, controls, chunk_latent_frames, motion, collision, start=start)
+    if events is not None and len(events) != len(controls):
+        raise ValueError(f"events: one per chunk ({len(controls)}), got {len(events)}")
+    frames = np.zeros((len(path.c2w), height_px, width_px, 3), dtype=np.uint8)
+    for i, pose in enumerate(path.c2w):
+        event = WorldEvent.DAY if events is None or i == 0 else events[path.chunk_index[i]]
+        if event is WorldEvent.DAY:
+            frames[i] = world.render(pose, intrinsics, height_px, width_px)
+        else:
+            frames[i] = apply_event(world.render_layers(pose, intrinsics, height_px, width_px), event, i)
+    return frames, path.c2w
 
 
 def free_distance(world: World, x: float, z: float, yaw_deg: float, max_m: float = 8.0, step_m: float = 0.25) -> float:

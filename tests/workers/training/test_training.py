@@ -27,7 +27,14 @@ from workers.training.dit_train import (
     warm_start,
 )
 from workers.training.grow import block_sources
-from workers.training.latents import MOVES, LatentSetConfig, build_latent_set, control_from_dict, first_chunk_set
+from workers.training.latents import (
+    MOVES,
+    LatentSetConfig,
+    build_latent_set,
+    control_from_dict,
+    event_set,
+    first_chunk_set,
+)
 from workers.training.vae_train import (
     VAETrainConfig,
     fold_latent_stats,
@@ -148,7 +155,7 @@ def test_dit_training_loss_goes_down_and_resumes(world: World, tmp_path: Path) -
 
     # Fixed batch and noise: the loss of repeated steps must fall.
     dit = new_dit(SMALL, 0)
-    text = random_text_encoder(SMALL).encode(["", "a walk"])
+    text = [random_text_encoder(SMALL).encode(["", "a walk"])] * 2  # both chunks, each clip its own
     opt = torch.optim.Adam(dit.parameters(), lr=2e-3)
     x0, cond, cams = data.batch(torch.tensor([0, 1]))
     losses = []
@@ -175,7 +182,7 @@ def test_dit_training_loss_goes_down_and_resumes(world: World, tmp_path: Path) -
 def test_rollout_history_is_the_models_own_sample_not_the_truth(tmp_path: Path) -> None:
     data = two_walks(tmp_path)
     dit = new_dit(SMALL, 0)
-    text = random_text_encoder(SMALL).encode(["", ""])
+    text = [random_text_encoder(SMALL).encode(["", ""])] * 2
     x0, cond, cams = data.batch(torch.tensor([0, 1]))
     chunk = SMALL.chunk_latent_frames
     other_first_chunk = x0.clone()
@@ -193,6 +200,44 @@ def test_rollout_history_is_the_models_own_sample_not_the_truth(tmp_path: Path) 
     assert forced_other[1] != forced[1]  # teacher forcing: chunk 1 sees the true chunk 0
     # Rolled out, chunk 1 sees the model's sample of chunk 0, which the true chunk 0 does not enter.
     assert rolled_other[1] == rolled[1] and rolled[1] != forced[1]
+
+
+def test_a_chunks_prompt_reaches_that_chunk_and_not_the_ones_before(tmp_path: Path) -> None:
+    data = two_walks(tmp_path)
+    dit = new_dit(SMALL, 0)
+    text_encoder = random_text_encoder(SMALL)
+    day, snow = text_encoder.encode(["", ""]), text_encoder.encode(["it starts to snow"] * 2)
+    x0, cond, cams = data.batch(torch.tensor([0, 1]))
+
+    def chunk_losses(text: list[list[torch.Tensor]]) -> list[float]:
+        with torch.no_grad():
+            return train_step(dit, SMALL, x0, cond, cams, text, torch.Generator().manual_seed(3), 0.0)[1]
+
+    kept, switched = chunk_losses([day, day]), chunk_losses([day, snow])
+    assert switched[0] == kept[0] and switched[1] != kept[1]
+    with pytest.raises(ValueError, match="one list per chunk"):
+        chunk_losses([day])
+
+
+def test_an_event_set_keeps_each_walks_prompt_per_chunk_and_training_reads_it(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    vae_path = tmp_path / "vae.safetensors"
+    save_file(WanVAE(SMALL.vae).state_dict(), str(vae_path))
+    data = build_latent_set(SMALL, vae_path, tmp_path / "events.pt", event_set(2, seed=0, workers=1, chunks=2))
+    assert len(data["prompts"]) == len(data["latents"]) == 4
+    assert all(len(p) == 2 and all(isinstance(t, str) for t in p) for p in data["prompts"])
+    events = LatentSet.from_data(data, SMALL)
+    walks = LatentSet.from_data(
+        build_latent_set(SMALL, vae_path, tmp_path / "walks.pt", LatentSetConfig(starts=1, chunks=2, workers=1)),
+        SMALL,
+    )
+    joined = LatentSet.concat([walks, events])
+    assert joined.prompts == [None] * len(walks) + data["prompts"]
+    first = LatentSet.first_chunks([joined], SMALL.chunk_latent_frames)
+    assert first.prompts == [None] * len(walks) + [p[:1] for p in data["prompts"]]
+    cfg = DiTTrainConfig(steps=2, batch=2, first_chunk_share=0.5, checkpoint_every=2)
+    train_dit(SMALL, joined, random_text_encoder(SMALL), tmp_path, cfg, first_chunk_data=first)
+    assert torch.load(tmp_path / "dit.ckpt.pt", weights_only=False)["step"] == 2
 
 
 def saved_dit(tmp_path: Path) -> tuple[WanDiT, Path]:
@@ -234,7 +279,7 @@ def test_a_deeper_dit_warm_started_from_a_shallower_one_starts_as_it_and_can_lea
     deeper = new_dit(deeper_preset, seed=0)
     assert warm_start(deeper, source)["grown_from_layers"] == 2
     assert block_sources(2, 3) == [(0, False), (0, True), (1, False)]
-    text = random_text_encoder(SMALL).encode(["", ""])
+    text = [random_text_encoder(SMALL).encode(["", ""])] * 2
     x0, cond, cams = data.batch(torch.tensor([0, 1]))
 
     def chunk_losses(dit: WanDiT, preset: ModelPreset) -> tuple[torch.Tensor, list[float]]:
