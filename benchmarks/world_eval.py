@@ -27,6 +27,13 @@ evaluation seed (see workers/training/clips.py), none of them seen in training:
 - Controllability: from each start, generate 1 s under each of forward, back, turn-left and
   turn-right; a trial is right when the generated clip is closer (by PSNR) to the renderer's clip
   for that control than to those of the other three. Starts are chosen with room to walk both ways.
+- Events: from held-out starts, a walk of 5 chunks whose prompt names an event (the page's chip
+  for it) from chunk 1 and is emptied at chunk 4 (the day comes back). Each generated frame is
+  scored (PSNR) against the renderer's frames of the walk with that event and of the walk that
+  stays in the day; per event, the mean of each over the event's chunks, the share of those frames
+  closer to the event, the crossover (the first chunk, counted from the one the prompt applied to,
+  from which every chunk is closer to the event; none if never) and, for the last chunk, whether
+  the day came back (closer to the day walk than to the event's).
 - A strip PNG (generated above ground truth, 2 frames per second) of the first walk.
 
 Walking figures come with their standard error over the walks: walks differ by several decibels,
@@ -51,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import sys
 import time
@@ -78,7 +86,7 @@ from workers.training.clips import (
     sample_start,
     split_rng,
 )
-from workers.world import World, free_distance
+from workers.world import EVENT_PROMPTS, World, WorldEvent, free_distance
 
 HORIZONS_S = {"0-1s": (0.0, 1.0), "1-2s": (1.0, 2.0), "2-4s": (2.0, 4.0), "4-10s": (4.0, 10.0)}
 DRIFT_S = (9.0, 10.0)
@@ -97,6 +105,9 @@ TARGETS = {
     "controllability": 0.98,
 }
 EVAL_SEED = 0
+EVENT_WALK = 5  # chunks: the day, the event over chunks 1-3, the day again at chunk 4
+EVENT_AT, EVENT_UNTIL = 1, 4
+EVENT_SEARCH_OFFSET = 30_000  # event walks draw their starts from their own eval-split items
 GEOMETRY_CHUNKS = 3  # 13 + 2·16 = 45 frames, 2.8 s: the 1–2 s window and the wall up close
 GEOMETRY_SEARCH_OFFSET = 20_000  # geometry starts are drawn from their own eval-split items
 GEOMETRY_SEARCH_LIMIT = 20_000  # eval-split items tried per kind before giving up
@@ -115,6 +126,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--walk-chunks", type=int, default=WALK_CHUNKS, help="chunks per walk (11: 10.8 s)")
     p.add_argument("--control-starts", type=int, default=10, help="held-out starts for controllability")
     p.add_argument("--geometry-clips", type=int, default=6, help="held-out clips of each geometry kind")
+    p.add_argument("--event-starts", type=int, default=4, help="held-out starts per event (0: no event figure)")
     p.add_argument("--strip", type=Path, default=None, help="strip PNG (default: next to --out)")
     p.add_argument("--card", type=Path, default=None, help="model card JSON to record the headline figures in")
     p.add_argument(
@@ -435,6 +447,57 @@ def geometry(engine: SerialEngine, world: World, spec: ClipSpec, clips: int) -> 
     return result
 
 
+def events(engine: SerialEngine, world: World, spec: ClipSpec, starts: int) -> dict:
+    """How closely frames after an event prompt follow the renderer's event, against staying in the day."""
+    first = spec.chunk_latent_frames * 4 - 3  # video frames of chunk 0; later chunks have 4·C
+    per_chunk = spec.chunk_latent_frames * 4
+    result: dict = {}
+    for event in (e for e in WorldEvent if e is not WorldEvent.DAY):
+        prompt = EVENT_PROMPTS[event][0]
+        schedule = tuple(event if EVENT_AT <= k < EVENT_UNTIL else WorldEvent.DAY for k in range(EVENT_WALK))
+        to_event, to_day, closer_frames = [], [], []
+        for n in range(starts):
+            index = EVENT_SEARCH_OFFSET + n
+            rng = split_rng(EVAL_SEED, "eval", index)
+            start = sample_start(rng, world, "eval")
+            controls = sample_controls(rng, world, spec, start, EVENT_WALK)
+            day = render_clip(world, spec, start, controls).frames
+            truth = render_clip(world, spec, start, controls, schedule).frames
+            session = engine.create_session(day[0], prompt="", seed=index)
+            chunks = []
+            for k, control in enumerate(controls):
+                if k in (EVENT_AT, EVENT_UNTIL):
+                    engine.set_prompt(session, prompt if k == EVENT_AT else "")
+                chunks.append(session.step(control).frames)
+            session.close()
+            made = np.concatenate(chunks)
+            bounds = [0, first, *(first + per_chunk * k for k in range(1, EVENT_WALK))]
+            near_event, near_day = psnr_db(made, truth), psnr_db(made, day)
+            to_event.append([float(near_event[a:b].mean()) for a, b in itertools.pairwise(bounds)])
+            to_day.append([float(near_day[a:b].mean()) for a, b in itertools.pairwise(bounds)])
+            span = slice(bounds[EVENT_AT], bounds[EVENT_UNTIL])
+            closer_frames.append(float((near_event[span] > near_day[span]).mean()))
+        e, d = np.array(to_event), np.array(to_day)  # [starts, chunks]
+        during = slice(EVENT_AT, EVENT_UNTIL)
+        closer = e[:, during].mean(axis=0) > d[:, during].mean(axis=0)
+        crossover = next((k for k in range(len(closer)) if closer[k:].all()), None)
+        result[event.value] = {
+            "prompt": prompt,
+            "psnr_db_to_event": float(e[:, during].mean()),
+            "psnr_db_to_day": float(d[:, during].mean()),
+            "frames_closer_to_event": float(np.mean(closer_frames)),
+            "crossover_chunk": crossover,
+            "day_back_at_chunk": bool(d[:, EVENT_UNTIL].mean() > e[:, EVENT_UNTIL].mean()),
+            "psnr_db_per_chunk": {"to_event": e.mean(axis=0).tolist(), "to_day": d.mean(axis=0).tolist()},
+        }
+        r = result[event.value]
+        _log(
+            f"event {event.value}: {r['psnr_db_to_event']:.1f} dB to the event, {r['psnr_db_to_day']:.1f} dB to the "
+            f"day; crossover at chunk {crossover}; day back: {r['day_back_at_chunk']}"
+        )
+    return result
+
+
 def record_in_card(card_path: Path, report: dict) -> None:
     """Put an EVAL report's headline figures into a model card."""
     card = json.loads(card_path.read_text())
@@ -464,10 +527,12 @@ def main(argv: list[str] | None = None) -> int:
         "vae_sharpness_0_4s": walk["vae"]["sharpness_0_4s"],
         "vae_edge_f1_0_4s": walk["vae"]["edge_f1_0_4s"],
     }
-    control = shape = None
+    control = shape = event = None
     if engine is not None:
         control = controllability(engine, world, spec, args.control_starts)
         shape = geometry(engine, world, spec, args.geometry_clips)
+        if args.event_starts and engine.family.live_prompts:
+            event = events(engine, world, spec, args.event_starts)
         headline |= {
             "model_psnr_db_0_1s": walk["model"]["psnr_db"]["0-1s"],
             "model_ssim_0_1s": walk["model"]["ssim"]["0-1s"],
@@ -479,6 +544,8 @@ def main(argv: list[str] | None = None) -> int:
             "geometry_ssim_1_2s_corner": shape["corner"]["ssim_1_2s"],
             "controllability": control["accuracy"],
         }
+        if event is not None:
+            headline["event_frames_closer"] = float(np.mean([r["frames_closer_to_event"] for r in event.values()]))
     targets = {k: v for k, v in TARGETS.items() if k in headline}
     met = {k: (got := headline[k]) is not None and got >= v for k, v in targets.items()}
     baseline: dict[str, Any] | None = None
@@ -508,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
         "walking": walk,
         "controllability": control,
         "geometry": shape,
+        "events": event,
         "versus_baseline": baseline,
         "strip_png": str(strip_path),
         "wall_s": time.perf_counter() - t0,
@@ -527,6 +595,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'sharpness scale':>22}: the renderer's frames blurred by a Gaussian of {scale}")
     scale = ", ".join(f"{k} {v:.3f}" for k, v in walk["edge_f1_of_blurred_truth_0_4s"].items() if v is not None)
     print(f"{'edge F1 scale':>22}: the renderer's frames blurred by a Gaussian of {scale}")
+    for name, r in (event or {}).items():
+        print(
+            f"{'event ' + name:>22}: {r['psnr_db_to_event']:.2f} dB to the event, {r['psnr_db_to_day']:.2f} dB to "
+            f"the day; {r['frames_closer_to_event']:.0%} of frames closer to the event; crossover at chunk "
+            f"{r['crossover_chunk']}; day back at the end: {'yes' if r['day_back_at_chunk'] else 'no'}"
+        )
     if baseline is not None and "error" in baseline:
         print(f"--baseline {args.baseline}: {baseline['error']}; no paired differences", file=sys.stderr)
     elif baseline is not None:

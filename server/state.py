@@ -28,6 +28,7 @@ from server.settings import Settings
 from server.snapshot import ServerSnapshot
 from server.snapshot_book import SnapshotBook
 from server.start_image import start_image
+from workers.models.loading import model_events
 from workers.models.weights_digest import weights_digest
 from workers.runtime.engine import PipelineEngine
 from workers.runtime.memory_plan import check_fits, machine_capacity
@@ -98,6 +99,9 @@ class AppState:
         self.recordings = RecordingStore(settings.recordings_dir, int(settings.recordings_quota_mib * 2**20))
         # What recordings name the weights by (server/recording.py); read from the files while loading.
         self.weights_digest = SYNTHETIC if synthetic is not None else ""
+        # The world events the weights learned (their model card's `events`: name -> prompt), for the
+        # page's chips; read while loading.
+        self.events: dict[str, str] = {}
         self._loader: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -130,6 +134,8 @@ class AppState:
                 self.weights_digest = await asyncio.to_thread(
                     weights_digest, self.preset, settings.checkpoint_dir, settings.weights_seed
                 )
+                if not settings.random_weights:
+                    self.events = await asyncio.to_thread(model_events, self.preset, settings.checkpoint_dir)
             await asyncio.to_thread(self.engine.start)
             await asyncio.to_thread(self.engine.warm_up)
         except Exception as exc:

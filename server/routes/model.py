@@ -38,6 +38,8 @@ async def model(state: StateDep) -> dict[str, Any]:
         "takes_prompt": p.t5 is not None,  # Matrix-Game conditions on the start image only
         # A data-channel `prompt` changes the world from the DiT's next chunk (else: error not_supported).
         "live_prompts": family_for(p).live_prompts,
+        # World events the weights learned (the page's chips): each one's name and the prompt that names it.
+        "events": [{"name": name, "prompt": prompt} for name, prompt in state.events.items()],
         "limits": {
             "control_message_bytes": MAX_CONTROL_MESSAGE_BYTES,
             "control_rate_per_s": settings.control_rate_per_s,

@@ -11,7 +11,8 @@ import pytest
 from PIL import Image, ImageFilter
 
 from benchmarks.image_metrics import gaussian_blur, laplacian_variance
-from benchmarks.world_eval import CONTROLS, main, parse_args, spread, versus_baseline
+from benchmarks.world_eval import CONTROLS, EVENT_WALK, main, parse_args, spread, versus_baseline
+from workers.world import EVENT_PROMPTS, WorldEvent
 
 pytestmark = pytest.mark.processes
 
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.processes
 def test_world_eval_writes_report_and_strip(tmp_path: Path) -> None:
     out = tmp_path / "EVAL.json"
     args = ["--walks", "1", "--walk-chunks", "2", "--control-starts", "1", "--geometry-clips", "1"]
-    assert main(["--out", str(out), *args]) == 0
+    assert main(["--out", str(out), *args, "--event-starts", "1"]) == 0
     report = json.loads(out.read_text())
     head = report["headline"]
     assert report["preset"] == "gridworld" and report["checkpoint"] == "bundled"
@@ -40,6 +41,13 @@ def test_world_eval_writes_report_and_strip(tmp_path: Path) -> None:
     control = report["controllability"]
     assert control["trials"] == len(CONTROLS) and 0.0 <= control["accuracy"] <= 1.0
     assert set(report["targets_met"]) == set(report["targets"])
+    assert set(report["events"]) == {"night", "snow", "fog", "dusk"}
+    for name, event in report["events"].items():
+        assert event["prompt"] == EVENT_PROMPTS[WorldEvent(name)][0]
+        assert math.isfinite(event["psnr_db_to_event"]) and math.isfinite(event["psnr_db_to_day"])
+        assert len(event["psnr_db_per_chunk"]["to_event"]) == EVENT_WALK
+        assert event["crossover_chunk"] in (None, 0, 1, 2)
+    assert 0.0 <= head["event_frames_closer"] <= 1.0
     strip = Image.open(report["strip_png"])
     assert strip.size[1] == 2 * 128 and strip.size[0] % 128 == 0  # generated row above ground truth
 

@@ -18,6 +18,8 @@ import pytest
 from benchmarks.delivery import analyze
 from benchmarks.local_server import local_server
 from tests.support.waiting import wait_until_async
+from workers.models.loading import model_events
+from workers.models.presets import get_preset
 from worldrtc import Session
 
 pytestmark = pytest.mark.processes
@@ -57,6 +59,9 @@ async def test_the_dit_reads_a_typed_prompt_from_a_chunk_on_and_the_recording_re
 ) -> None:
     model = httpx.get(f"{model_url}/v1/model").json()
     assert model["live_prompts"] is True and model["limits"]["max_transition_chunks"] >= 1
+    # The events the bundled weights learned, from their model card (tiny: random weights, none).
+    learned = model_events(get_preset(model["model"]), None)
+    assert model["events"] == [{"name": n, "prompt": p} for n, p in learned.items()]
     client = Session(model_url, prompt="a quiet town", seed=3)
     await client.start()
     try:

@@ -733,3 +733,40 @@ def test_a_prompt_typed_while_walking_takes_effect_and_says_when(
     assert hook(page)["lastSeq"].get("control") == controls_before and box.input_value() == "wd"
     stop(page)
     no_page_errors(errors)
+
+
+def test_the_events_a_model_learned_are_chips_that_send_their_prompt(
+    browser: Any, server: ServerProcess, errors: list[str]
+) -> None:
+    # The synthetic model learned no events; a stand-in /v1/model answer (the server's own, with the
+    # embedded world's card `events` added) gives the page some, so the chips meet the real server.
+    events = [{"name": "night", "prompt": "night falls"}, {"name": "day", "prompt": ""}]
+
+    def with_events(route: Any) -> None:
+        answer = route.fetch()
+        route.fulfill(response=answer, json=answer.json() | {"events": events})
+
+    page = browser.new_context().new_page()
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.route("**/v1/model", with_events)
+    page.goto(server.url + "/")
+    page.locator(".scene[data-kind='scene'] input:checked").wait_for(state="attached", timeout=15_000)
+    chips = page.locator("#event-chips .chip")
+    assert chips.all_text_contents() == ["night", "day"]
+    page.locator("#start-btn").click()
+    wait_streaming(page)
+    assert chips.nth(0).is_enabled()
+    chips.nth(0).click()
+    page.wait_for_function(
+        "() => { const c = window.worldrtc.stats.lastChunk; return c && c.prompt && c.prompt.text === 'night falls'; }",
+        timeout=STREAM_TIMEOUT_MS,
+    )
+    assert hook(page)["promptSent"]["text"] == page.locator("#live-prompt").input_value() == "night falls"
+    chips.nth(1).click()  # the day: no prompt
+    page.wait_for_function(
+        "() => { const c = window.worldrtc.stats.lastChunk; return c && c.prompt && c.prompt.text === ''; }",
+        timeout=STREAM_TIMEOUT_MS,
+    )
+    stop(page)
+    no_page_errors(errors)

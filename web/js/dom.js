@@ -50,6 +50,7 @@ export const el = {
   livePrompt: $("live-prompt"),
   liveTransition: $("live-transition"),
   livePromptStatus: $("live-prompt-status"),
+  eventChips: $("event-chips"),
   seed: $("seed"),
   startBtn: $("start-btn"),
   stopBtn: $("stop-btn"),

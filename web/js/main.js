@@ -37,7 +37,7 @@ import { adoptLimits, createBody, renderScenes, wireStartImage } from "./scenes.
 import { restart, start, stop, teardown } from "./session.js";
 import { wireShare } from "./share.js";
 import { save, wireSnapshots } from "./snapshots.js";
-import { wirePrompts } from "./prompts.js";
+import { showEvents, wirePrompts } from "./prompts.js";
 import { leave, leaveNow, watch, watchAgain } from "./spectator.js";
 import { app, hook } from "./state.js";
 import { setState, showMessage, showModel, updateControls } from "./status.js";
@@ -53,6 +53,7 @@ async function loadModel() {
     app.modelInfo = await api("GET", "/v1/model");
     adoptControls(app.modelInfo);
     adoptLimits(app.modelInfo);
+    showEvents(app.modelInfo.events);
   } catch (err) {
     if (err instanceof ApiError && err.status === 401) {
       el.modelName.textContent = "this server needs an API token";

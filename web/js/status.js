@@ -57,6 +57,7 @@ export function setState(state, text, action = null) {
   el.touchControls.hidden = !(steers && hook.touchUi && state === "streaming");
   el.livePromptForm.hidden = !(steers && app.modelInfo && app.modelInfo.live_prompts);
   el.livePrompt.disabled = state !== "streaming";
+  for (const chip of el.eventChips.children) chip.disabled = state !== "streaming";
   if (state !== "streaming") el.hudError.textContent = ""; // the overlay says what happened
   updateControls();
   renderHud();

@@ -88,6 +88,17 @@ def checkpoint_dir_for(preset: ModelPreset, checkpoint_dir: str | Path | None) -
     return bundled
 
 
+def model_events(preset: ModelPreset, checkpoint_dir: str | Path | None) -> dict[str, str]:
+    """The world events the weights learned (name -> the prompt that names it), from their model card's
+    `events`; none for weights without a card or a card without events (random weights included)."""
+    directory = checkpoint_dir_for(preset, checkpoint_dir)
+    card = None if directory is None else directory / MODEL_CARD
+    if card is None or not card.is_file():
+        return {}
+    events = json.loads(card.read_text()).get("events") or {}
+    return {str(name): str(prompt) for name, prompt in events.items()}
+
+
 class CheckpointError(ValueError):
     """A checkpoint does not match the preset, or a file cannot be read; the message lists every problem."""
 

@@ -61,7 +61,7 @@ from workers.training.latents import (
 )
 from workers.training.resume_point import ResumePoint
 from workers.training.vae_train import VAETrainConfig, fold_latent_stats, measure_latent_stats, train_vae
-from workers.world import World
+from workers.world import EVENT_PROMPTS, World, WorldEvent
 
 # The decoder phase comes before anything that loads the VAE: a preset whose decoder changed shape
 # (decoder_full_res_kernel_t) needs it before its VAE file loads.
@@ -360,6 +360,9 @@ def phase_export(args: argparse.Namespace, preset: ModelPreset) -> Path:
                 "init": dit_state.get("init"),
             },
         },
+        # What the page's chips offer and /v1/model lists: each event and the prompt that names it
+        # (the day's is empty: no prompt brings the day back).
+        "events": {e.value: EVENT_PROMPTS[e][0] for e in WorldEvent} if "events" in sets else {},
         "hardware": hardware(),
         "text": "the text encoder keeps seeded random weights; the DiT learned the prompts that name events "
         "(workers/world/events.py) from walks whose prompt switches mid-walk"

@@ -447,3 +447,12 @@ def test_a_key_stored_in_two_shards_is_named_with_both(tmp_path, tiny_checkpoint
     with pytest.raises(loading.CheckpointError, match="stored twice") as info:
         components.load_dit(TINY, CPU, ckpt)
     assert "model-00001-of-00002.safetensors" in str(info.value) and SHARD_2 in str(info.value)
+
+
+def test_model_events_come_from_the_weights_card(tmp_path: Path) -> None:
+    assert loading.model_events(TINY, None) == {}  # random weights: no card, no events
+    assert loading.model_events(TINY, tmp_path) == {}  # a directory without a card
+    (tmp_path / loading.MODEL_CARD).write_text('{"preset": "tiny"}')
+    assert loading.model_events(TINY, tmp_path) == {}
+    (tmp_path / loading.MODEL_CARD).write_text('{"events": {"night": "night falls", "day": ""}}')
+    assert loading.model_events(TINY, tmp_path) == {"night": "night falls", "day": ""}
