@@ -17,9 +17,10 @@ The session decides every transition: a part reports (the driver is ready, the d
 messages abuse the protocol) and the session acts. Snapshots and rewinds are transitions too: both
 only from `streaming`; a rewind replaces the engine session under the same connection, pacer and
 fan-out, and frames of an engine session that is not the current one are ignored. Every wait has a
-timeout, every task is owned here and cancelled on close, and `close()` is idempotent, tearing down
-in reverse order of setup (spectators, engine session, media line, peer); its `EndReason` goes to
-the driver in `done`, and to its spectators as driver_left.
+timeout (the deadlines: server/session_timers.py), every task is owned here and cancelled on close,
+and `close()` is idempotent, tearing down in reverse order of setup (spectators, engine session,
+media line, peer); its `EndReason` goes to the driver in `done`, and to its spectators as
+driver_left.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from server.recording import SessionRecording
 from server.recording_store import RecordingStore
 from server.session_spec import SessionSpec
 from server.session_stats import PacerCounters, stats_message
+from server.session_timers import SessionTimers
 from server.settings import Settings
 from server.snapshot import ServerSnapshot
 from server.spectator import Spectator
@@ -132,33 +134,10 @@ class ServerSession:
         self.link = EngineLink(engine, self.controls.sample, self._on_chunk, self._on_engine_failed)
         self._tasks = OwnedTasks(f"session-{self.id}")
         self._closed = asyncio.Event()
-        self._tasks.spawn(self._expire_if_no_offer(), "offer-timeout")
+        self.timers = SessionTimers(self._tasks, self.close)
+        self.timers.expect_offer(settings.offer_timeout_s, lambda: self.state is SessionState.CREATED)
 
     # ---- what it tells ----
-
-    def info(self) -> dict[str, Any]:
-        p = self.preset
-        return {
-            "session_id": self.id,
-            "state": self.state.value,
-            "created_s": time.monotonic() - self.created_t,
-            "model": p.name,
-            "scene": self.spec.scene,
-            "width": p.width_px,
-            "height": p.height_px,
-            "fps": self.spec.fps,
-            "chunk_frames": self.spec.chunk_frames,
-            "parent": None if self.parent is None else self.parent.model_dump(),
-            "error": self.error,
-            "ended": None if self.ended is None else self.ended.value,
-            "metrics": {"dispatch": self.controls.config.policy.value, "first_frame_s": self.first_frame_s}
-            | self.line.figures()
-            | {
-                "controls": dict(self.inbox.counts),
-                "spectators": len(self.audience),
-                "spectators_joined": self.audience.joined,
-            },
-        }
 
     def timeline_report(self, window_s: float | None = None) -> dict[str, Any]:
         """The recent stage timeline (server/timeline.py); empty until generation starts."""
@@ -194,11 +173,14 @@ class ServerSession:
         self.line.open(recording, timeline, [] if self._start_from is None else self._start_from.history or [])
         if not self._open_engine_session():
             return
-        if self.settings.idle_timeout_s:
-            self._tasks.spawn(self._expire_when_idle(self.settings.idle_timeout_s), "idle")
-        self._tasks.spawn(self._send_stats(), "stats")
-        if self.spec.max_duration_s:
-            self._tasks.spawn(self._expire(self.spec.max_duration_s), "max-duration")
+        counters, settings = PacerCounters(self.line.pacer, self.metrics), self.settings
+        self.timers.streaming(
+            settings.idle_timeout_s,
+            lambda: self.controls.last_control_t,
+            self.spec.max_duration_s,
+            settings.stats_interval_s,
+            lambda: self._broadcast(self._stats(counters.count() / settings.stats_interval_s)),
+        )
 
     def _open_engine_session(self) -> bool:
         """Generate from the start image or from `_start_from`; False (and closing) if it cannot."""
@@ -338,31 +320,10 @@ class ServerSession:
         if self.state in ACTIVE:
             self._end(EndReason.GENERATION_FAILED, generation_failed_reason(error), f"generation failed: {error}")
 
-    # ---- timers ----
-
-    async def _expire_if_no_offer(self) -> None:
-        await asyncio.sleep(self.settings.offer_timeout_s)
-        if self.state is SessionState.CREATED:
-            await self.close(EndReason.NO_OFFER, f"no offer within {self.settings.offer_timeout_s:g} s")
-
-    async def _expire_when_idle(self, idle_s: float) -> None:
-        while (left := self.controls.last_control_t + idle_s - time.monotonic()) > 0:
-            await asyncio.sleep(left)
-        await self.close(EndReason.IDLE, f"no control for {idle_s:g} s")
-
-    async def _expire(self, after_s: float) -> None:
-        await asyncio.sleep(after_s)
-        await self.close(EndReason.MAX_DURATION, f"the session reached its maximum duration of {after_s:g} s")
-
-    async def _send_stats(self) -> None:
-        counters = PacerCounters(self.line.pacer, self.metrics)
-        interval = self.settings.stats_interval_s
-        while True:
-            await asyncio.sleep(interval)
-            repeats_per_s = counters.count() / interval
-            dispatch = self.controls.stats(time.monotonic())
-            accepted, refused = self.inbox.counts["accepted"], self.inbox.refused
-            self._broadcast(stats_message(self.line, dispatch, repeats_per_s, accepted, refused, len(self.audience)))
+    def _stats(self, repeats_per_s: float) -> ServerMessage:
+        dispatch = self.controls.stats(time.monotonic())
+        accepted, refused = self.inbox.counts["accepted"], self.inbox.refused
+        return stats_message(self.line, dispatch, repeats_per_s, accepted, refused, len(self.audience))
 
     def _broadcast(self, message: ServerMessage, *, chunk: bool = False) -> None:
         """To the driver and every spectator, serialized once."""

@@ -34,6 +34,7 @@ from server.dependencies import SessionDep, StateDep
 from server.errors import Forbidden, Gone, InsufficientStorage, NotFound
 from server.protocol import RestoreRequest, SessionInfo, SnapshotInfo
 from server.session import ServerSession
+from server.session_info import session_info
 from server.snapshot import ServerSnapshot
 from server.state import AppState
 from workers.runtime.snapshot_catalog import SnapshotGone
@@ -123,4 +124,4 @@ async def restore(body: RestoreRequest, session: SessionDep, request: Request, s
         await session.restore(snapshot)
     except SnapshotGone as gone:
         raise Gone(f"{gone}; take a new one") from None
-    return session.info()
+    return session_info(session)

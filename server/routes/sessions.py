@@ -21,6 +21,7 @@ from server.dependencies import SessionDep, StateDep, require_token
 from server.errors import Conflict, NotFound
 from server.growing_file import growing_file_response
 from server.protocol import AnswerResponse, CreateSessionRequest, EndReason, OfferRequest, SessionInfo
+from server.session_info import session_info
 from server.turn import ice_servers_for
 from server.watch import watch_url
 
@@ -32,7 +33,7 @@ async def create_session(request: Request, state: StateDep, body: CreateSessionR
     session = await state.new_session(body or CreateSessionRequest(), request)
     url = state.node_url(f"/v1/sessions/{session.id}")
     settings = state.settings
-    return session.info() | {
+    return session_info(session) | {
         "token": session.token,
         "ice_servers": ice_servers_for(settings.ice_servers, settings.turn, session.id),
         "session_url": url,
@@ -47,12 +48,12 @@ async def create_session(request: Request, state: StateDep, body: CreateSessionR
 
 @router.get("/v1/sessions", dependencies=[Depends(require_token)])
 async def list_sessions(state: StateDep) -> dict[str, Any]:
-    return {"sessions": [s.info() for s in state.sessions.values()]}
+    return {"sessions": [session_info(s) for s in state.sessions.values()]}
 
 
 @router.get("/v1/sessions/{session_id}", response_model=SessionInfo)
 async def get_session(session: SessionDep) -> dict[str, Any]:
-    return session.info()
+    return session_info(session)
 
 
 @router.get("/v1/sessions/{session_id}/timeline")
@@ -92,7 +93,7 @@ async def get_video(session: SessionDep, state: StateDep) -> StreamingResponse:
 @router.delete("/v1/sessions/{session_id}", response_model=SessionInfo)
 async def delete_session(session: SessionDep) -> dict[str, Any]:
     await session.close(EndReason.DELETED, "deleted")
-    return session.info()
+    return session_info(session)
 
 
 @router.post("/v1/sessions/{session_id}/offer", response_model=AnswerResponse)

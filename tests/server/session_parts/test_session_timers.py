@@ -1,0 +1,67 @@
+"""A session's clocks (server/session_timers.py) on their own, in milliseconds: each deadline closes
+with its reason, the idle one moves with the last control, a session no longer waiting for an offer
+is left alone, the tick ticks, and the owner's close cancels them all."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from server.owned_tasks import OwnedTasks
+from server.protocol import EndReason
+from server.session_timers import SessionTimers
+
+
+class CloseLog:
+    """Test double for the session's close: the reasons it was called with."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[EndReason, str]] = []
+
+    async def __call__(self, code: EndReason, reason: str) -> None:
+        self.calls.append((code, reason))
+
+
+async def settle(tasks: OwnedTasks, s: float) -> None:
+    await asyncio.sleep(s)
+    await tasks.cancel_all()
+
+
+async def test_no_offer_closes_only_a_session_still_waiting_for_one() -> None:
+    for waiting, expected in ((True, [(EndReason.NO_OFFER, "no offer within 0.02 s")]), (False, [])):
+        tasks, close = OwnedTasks("t"), CloseLog()
+        SessionTimers(tasks, close).expect_offer(0.02, lambda waiting=waiting: waiting)
+        await settle(tasks, 0.08)
+        assert close.calls == expected
+
+
+async def test_idle_follows_the_last_control_and_the_duration_caps_the_session() -> None:
+    tasks, close = OwnedTasks("t"), CloseLog()
+    last = [time.monotonic()]
+    ticks: list[float] = []
+    timers = SessionTimers(tasks, close)
+    timers.streaming(0.2, lambda: last[0], None, 0.01, lambda: ticks.append(time.monotonic()))
+    for _ in range(6):  # a control every 40 ms keeps the session alive past its 200 ms idle time
+        await asyncio.sleep(0.04)
+        last[0] = time.monotonic()
+    assert close.calls == [] and len(ticks) >= 5
+    await asyncio.sleep(0.4)
+    assert close.calls == [(EndReason.IDLE, "no control for 0.2 s")]
+    await tasks.cancel_all()
+
+    tasks, close = OwnedTasks("t"), CloseLog()
+    SessionTimers(tasks, close).streaming(None, time.monotonic, 0.03, 1.0, lambda: None)
+    await settle(tasks, 0.1)
+    assert close.calls == [(EndReason.MAX_DURATION, "the session reached its maximum duration of 0.03 s")]
+
+
+async def test_the_owners_close_cancels_every_clock() -> None:
+    tasks, close = OwnedTasks("t"), CloseLog()
+    ticks: list[int] = []
+    timers = SessionTimers(tasks, close)
+    timers.expect_offer(0.05, lambda: True)
+    timers.streaming(0.05, time.monotonic, 0.05, 0.01, lambda: ticks.append(1))
+    await settle(tasks, 0.02)
+    seen = len(ticks)
+    await asyncio.sleep(0.08)
+    assert close.calls == [] and len(ticks) == seen
