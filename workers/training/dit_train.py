@@ -138,7 +138,9 @@ class LatentSet:
                 track = CameraTrack.for_preset(preset)
                 cams.append(torch.cat([track.next_chunk(control_from_dict(c), chunk) for c in controls], dim=1).half())
             camera_of.append(index[key])
-        prompts = [tuple(p) for p in data["prompts"]] if data.get("prompts") else None
+        prompts: list[tuple[str, ...] | None] | None = None
+        if data.get("prompts"):  # an event set's walks: each chunk's prompt
+            prompts = [tuple(p) for p in data["prompts"]]
         return LatentSet(
             data["latents"], data["conds"], data["start_of"], torch.stack(cams), torch.tensor(camera_of), prompts
         )
