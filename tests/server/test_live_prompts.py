@@ -144,6 +144,32 @@ async def test_a_transition_and_fifty_prompts_in_a_second(synthetic_url: str) ->
     assert report["repeated_frames_after_first_chunk"] == 0, report  # the stream kept its frame rate
 
 
+async def test_a_rewind_past_a_prompt_change_brings_back_the_old_prompt(synthetic_url: str) -> None:
+    client = Session(synthetic_url, prompt="day", seed=0)
+    await client.start()
+    try:
+        await wait_until_async(lambda: len(client.run.chunks) >= 2, WAIT_S, "two chunks")
+        saved = await client.save()
+        b = saved["chunk_index"]
+        client.prompt("night falls")
+        await wait_until_async(lambda: "night falls" in _texts(client.run.chunks), WAIT_S, "the new prompt read")
+        changed_at = min(c["index"] for c in client.run.chunks if c["prompt"]["text"] == "night falls")
+        assert changed_at >= b  # the change came after the snapshot
+        seen = len(client.run.chunks)
+        await client.restore(saved["snapshot_id"])
+        await wait_until_async(lambda: client.run.rewinds, WAIT_S, "a rewound message")
+        # Every chunk of the first engine session up to the change had arrived before `seen`: a chunk
+        # numbered up to `changed_at` arriving after it is the rewound session's.
+        await wait_until_async(
+            lambda: any(c["index"] == changed_at for c in client.run.chunks[seen:]), WAIT_S, "the chunk again"
+        )
+    finally:
+        await client.close()
+    again = {c["index"]: c["prompt"] for c in client.run.chunks[seen:] if c["index"] <= changed_at}
+    # The snapshot holds the prompt as it was: the chunk that read the new prompt reads the old one again.
+    assert set(again) == set(range(b, changed_at + 1)) and all(p == {"text": "day"} for p in again.values()), again
+
+
 async def test_a_family_without_text_answers_not_supported(tmp_path: Path) -> None:
     args = ["--model", "synthetic", "--stage-ms", "20,100,50", "--synthetic-geometry", "matrix-game-2-tiny"]
     with local_server(args, tmp_path / "server.log") as srv:
