@@ -114,21 +114,28 @@ def dit_footprint(preset: ModelPreset, dtype: torch.dtype, math_attention: bool 
         del context
     cond = torch.zeros(1, 20, chunk, preset.latent_height, preset.latent_width, device=dev)
     track = family.control_track(one_layer)
-    peak, kept = 0, 0
+    peak, kept, transition = 0, 0, 0
     # Until the window rolls: the roll's shift of the cache is the largest transient of a session.
-    for _ in range(window // chunk + 2):
+    for i in range(window // chunk + 2):
         inputs = track.next_inputs(ChunkControl(), chunk).to(dev)
         run = LiveBytes()
         with run:
+            if i == 1 and family.live_prompts:
+                # A prompt change in the middle of a transition: the old prompt's embeddings and the
+                # blend are kept beside the new one's, and every block's text K/V computed anew.
+                session.change_prompt(torch.zeros(family.context_shape(preset), device=dev), "", 3)
             session.run_chunk(cond, inputs)
         peak = max(peak, run.peak_bytes)
-        kept = max(kept, run.live_bytes)  # tables the session keeps for its next chunk
+        if i == 1 and family.live_prompts:
+            transition = run.live_bytes  # kept while the transition lasts, on top of everything else
+        else:
+            kept = max(kept, run.live_bytes)  # tables the session keeps for its next chunk
     fixed = opened.live_bytes - traced.kv_cache_bytes - traced.context_kv_bytes  # RoPE tables, ray directions, …
     # The full model's weights from its build on meta: shapes only, no memory.
     weights = _module_bytes(build_on_meta(family.build_dit(preset)).to(dtype))
     return DiTFootprint(
         weights_bytes=weights,
-        session_bytes=full.kv_cache_bytes + full.context_kv_bytes + fixed + kept,
+        session_bytes=full.kv_cache_bytes + full.context_kv_bytes + fixed + kept + transition,
         peak_bytes=peak,
         kv_cache_bytes=full.kv_cache_bytes,
         text_kv_bytes=full.context_kv_bytes,

@@ -110,6 +110,7 @@ class DenoiseSession(SamplingLoop):
         the stage's device -> clean latents [1, 16, C, h, w]."""
         changed = self.prompt.next_chunk()
         if changed is not None:  # a prompt change reaches this chunk: every block's text K/V anew
+            self.text_kv = []  # the old K/V go first: a change never holds two prompts' K/V at once
             self.text_kv = self.dit.text_kv([changed])
         camera = self.dit.chunk_camera(self.rays.cells(poses)[None], sp=self.sp)
         start = self.kv_cache.committed_frames
