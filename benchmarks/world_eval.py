@@ -32,8 +32,8 @@ evaluation seed (see workers/training/clips.py), none of them seen in training:
   scored (PSNR) against the renderer's frames of the walk with that event and of the walk that
   stays in the day; per event, the mean of each over the event's chunks, the share of those frames
   closer to the event, the crossover (the first chunk, counted from the one the prompt applied to,
-  from which every chunk is closer to the event; none if never) and, for the last chunk, whether
-  the day came back (closer to the day walk than to the event's).
+  from which every chunk is closer to the event; none if never) and, for the last chunk, how much
+  closer (dB) it is to the day than to the event going on (positive: the day came back).
 - A strip PNG (generated above ground truth, 2 frames per second) of the first walk.
 
 Walking figures come with their standard error over the walks: walks differ by several decibels,
@@ -455,7 +455,8 @@ def events(engine: SerialEngine, world: World, spec: ClipSpec, starts: int) -> d
     for event in (e for e in WorldEvent if e is not WorldEvent.DAY):
         prompt = EVENT_PROMPTS[event][0]
         schedule = tuple(event if EVENT_AT <= k < EVENT_UNTIL else WorldEvent.DAY for k in range(EVENT_WALK))
-        to_event, to_day, closer_frames = [], [], []
+        stays = tuple(event if k >= EVENT_AT else WorldEvent.DAY for k in range(EVENT_WALK))
+        to_event, to_day, closer_frames, back = [], [], [], []
         for n in range(starts):
             index = EVENT_SEARCH_OFFSET + n
             rng = split_rng(EVAL_SEED, "eval", index)
@@ -463,6 +464,7 @@ def events(engine: SerialEngine, world: World, spec: ClipSpec, starts: int) -> d
             controls = sample_controls(rng, world, spec, start, EVENT_WALK)
             day = render_clip(world, spec, start, controls).frames
             truth = render_clip(world, spec, start, controls, schedule).frames
+            stayed = render_clip(world, spec, start, controls, stays).frames  # had the day not come back
             session = engine.create_session(day[0], prompt="", seed=index)
             chunks = []
             for k, control in enumerate(controls):
@@ -477,6 +479,8 @@ def events(engine: SerialEngine, world: World, spec: ClipSpec, starts: int) -> d
             to_day.append([float(near_day[a:b].mean()) for a, b in itertools.pairwise(bounds)])
             span = slice(bounds[EVENT_AT], bounds[EVENT_UNTIL])
             closer_frames.append(float((near_event[span] > near_day[span]).mean()))
+            last = slice(bounds[EVENT_UNTIL], None)
+            back.append(float(psnr_db(made[last], day[last]).mean() - psnr_db(made[last], stayed[last]).mean()))
         e, d = np.array(to_event), np.array(to_day)  # [starts, chunks]
         during = slice(EVENT_AT, EVENT_UNTIL)
         closer = e[:, during].mean(axis=0) > d[:, during].mean(axis=0)
@@ -487,13 +491,14 @@ def events(engine: SerialEngine, world: World, spec: ClipSpec, starts: int) -> d
             "psnr_db_to_day": float(d[:, during].mean()),
             "frames_closer_to_event": float(np.mean(closer_frames)),
             "crossover_chunk": crossover,
-            "day_back_at_chunk": bool(d[:, EVENT_UNTIL].mean() > e[:, EVENT_UNTIL].mean()),
+            # The last chunk (prompt emptied): closer to the day than to the event going on, in dB.
+            "day_back_db": float(np.mean(back)),
             "psnr_db_per_chunk": {"to_event": e.mean(axis=0).tolist(), "to_day": d.mean(axis=0).tolist()},
         }
         r = result[event.value]
         _log(
             f"event {event.value}: {r['psnr_db_to_event']:.1f} dB to the event, {r['psnr_db_to_day']:.1f} dB to the "
-            f"day; crossover at chunk {crossover}; day back: {r['day_back_at_chunk']}"
+            f"day; crossover at chunk {crossover}; day back by {r['day_back_db']:+.1f} dB"
         )
     return result
 
@@ -599,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{'event ' + name:>22}: {r['psnr_db_to_event']:.2f} dB to the event, {r['psnr_db_to_day']:.2f} dB to "
             f"the day; {r['frames_closer_to_event']:.0%} of frames closer to the event; crossover at chunk "
-            f"{r['crossover_chunk']}; day back at the end: {'yes' if r['day_back_at_chunk'] else 'no'}"
+            f"{r['crossover_chunk']}; prompt emptied: {r['day_back_db']:+.1f} dB closer to the day than to the event"
         )
     if baseline is not None and "error" in baseline:
         print(f"--baseline {args.baseline}: {baseline['error']}; no paired differences", file=sys.stderr)

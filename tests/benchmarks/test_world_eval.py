@@ -46,7 +46,7 @@ def test_world_eval_writes_report_and_strip(tmp_path: Path) -> None:
         assert event["prompt"] == EVENT_PROMPTS[WorldEvent(name)][0]
         assert math.isfinite(event["psnr_db_to_event"]) and math.isfinite(event["psnr_db_to_day"])
         assert len(event["psnr_db_per_chunk"]["to_event"]) == EVENT_WALK
-        assert event["crossover_chunk"] in (None, 0, 1, 2)
+        assert event["crossover_chunk"] in (None, 0, 1, 2) and math.isfinite(event["day_back_db"])
     assert 0.0 <= head["event_frames_closer"] <= 1.0
     strip = Image.open(report["strip_png"])
     assert strip.size[1] == 2 * 128 and strip.size[0] % 128 == 0  # generated row above ground truth
