@@ -71,6 +71,7 @@ from PIL import Image
 
 from benchmarks.image_metrics import edge_f1, gaussian_blur, laplacian_variance, psnr_db, ssim
 from benchmarks.stats import environment
+from workers.chunk_geometry import chunk_first_frame
 from workers.controls import ChunkControl
 from workers.models.camera import CameraState
 from workers.models.components import load_vae
@@ -449,8 +450,7 @@ def geometry(engine: SerialEngine, world: World, spec: ClipSpec, clips: int) -> 
 
 def events(engine: SerialEngine, world: World, spec: ClipSpec, starts: int) -> dict:
     """How closely frames after an event prompt follow the renderer's event, against staying in the day."""
-    first = spec.chunk_latent_frames * 4 - 3  # video frames of chunk 0; later chunks have 4·C
-    per_chunk = spec.chunk_latent_frames * 4
+    bounds = [chunk_first_frame(k, spec.chunk_latent_frames) for k in range(EVENT_WALK)] + [None]
     result: dict = {}
     for event in (e for e in WorldEvent if e is not WorldEvent.DAY):
         prompt = EVENT_PROMPTS[event][0]
@@ -473,7 +473,6 @@ def events(engine: SerialEngine, world: World, spec: ClipSpec, starts: int) -> d
                 chunks.append(session.step(control).frames)
             session.close()
             made = np.concatenate(chunks)
-            bounds = [0, first, *(first + per_chunk * k for k in range(1, EVENT_WALK))]
             near_event, near_day = psnr_db(made, truth), psnr_db(made, day)
             to_event.append([float(near_event[a:b].mean()) for a, b in itertools.pairwise(bounds)])
             to_day.append([float(near_day[a:b].mean()) for a, b in itertools.pairwise(bounds)])

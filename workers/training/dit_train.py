@@ -281,8 +281,8 @@ def train_step(
 ) -> tuple[torch.Tensor, list[float]]:
     """One clip batch through the causal chunk loop; returns the loss and per-chunk x0 MSE.
 
-    `text[k]`: chunk k's prompt embeddings, one per clip; the cross-attention K/V are computed once
-    per distinct list (pass the same list for chunks whose prompts do not change).
+    `text[k]`: chunk k's prompt embeddings, one per clip; the cross-attention K/V are computed anew
+    where the list is not the previous chunk's (pass the same list while no prompt changes).
 
     `rollout`: each chunk but the last is committed as the model's own sample, drawn with the
     inference sampler from noise (no gradient), so every later chunk is scored against the truth
@@ -298,17 +298,14 @@ def train_step(
     cache = SessionKVCache(spec, torch.float32, device)
     if len(text) != frames // chunk:
         raise ValueError(f"text: one list per chunk ({frames // chunk}), got {len(text)}")
-    kv_of: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-    for t in text:
-        if id(t) not in kv_of:
-            kv_of[id(t)] = dit.text_kv([e.to(device) for e in t])
     steps = len(schedule.timesteps)
     total = x0.new_zeros(())
     per_chunk = []
     for k in range(frames // chunk):
         sl = slice(k * chunk, (k + 1) * chunk)
         clean, c = x0[:, :, sl], cond[:, :, sl]
-        text_kv = kv_of[id(text[k])]
+        if k == 0 or text[k] is not text[k - 1]:
+            text_kv = dit.text_kv([e.to(device) for e in text[k]])
         # Drawn on the CPU generator whatever the device, so a seed means the same draws everywhere.
         last = torch.rand(b, generator=gen) < last_step_prob
         idx = torch.where(last, steps - 1, torch.randint(0, steps, (b,), generator=gen))
@@ -393,8 +390,9 @@ def train_dit(
     step = start_step = state["step"] if state else 0
     wall_s = state.get("wall_s", 0.0) if state else 0.0
     t_run = time.perf_counter()
-    pool = tuple(dict.fromkeys((*PROMPTS, *(p for clip in (*data.prompts, *first_data.prompts) if clip for p in clip))))
-    embedding = dict(zip(pool, text_encoder.encode(list(pool)), strict=True))
+    kept = {text for clip in (*data.prompts, *first_data.prompts) if clip is not None for text in clip}
+    pool = list(dict.fromkeys((*PROMPTS, *sorted(kept))))  # every prompt a step can draw or read
+    embedding = dict(zip(pool, text_encoder.encode(pool), strict=True))
     progress = Progress("dit", cfg.steps, start=step, every=20)
     bf16 = bf16_is_fast(device) if cfg.bf16 is None else cfg.bf16
     print(f"[dit] matmuls in {'bf16' if bf16 else 'float32'} on {device}", flush=True)

@@ -88,8 +88,8 @@ class LatentSetConfig:
     workers: int = 2
 
 
-EVENT_STARTS = 300  # starts of the shipped weights' event walks (2 paths each)
-DAY_SHARE = 0.2  # event walks that stay in the day throughout (their prompt may still change)
+EVENT_STARTS = 300  # starts of the event walks (2 paths each): 600 walks, about 13 min on 2 cores
+DAY_SHARE = 0.2  # event walks that stay in the day throughout, under one prompt that names no event
 SECOND_SWITCH = 0.35  # of the others: a second switch later in the walk, back to the day or to another event
 MOVE_STARTS = 1500  # starts of the shipped weights' first-chunk set: 6000 clips, about 15 min on 2 cores
 
