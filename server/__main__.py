@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from server.dispatch import DispatchPolicy
 from server.logs import configure_logging
 from server.settings import Settings
+from server.turn_handover import TurnHandover
 from workers.models.attention_backend import AttentionBackend
 from workers.models.hub import FetchPlan
 from workers.models.presets import DEFAULT_PRESET, PRESETS, ModelPreset
@@ -51,6 +52,23 @@ def parse_args(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--device-memory-gib", type=float, help="GPU memory the plan may use (default: the device's)")
     p.add_argument("--host-memory-gib", type=float, help="host memory for CPU placements (default: available)")
     p.add_argument("--fps", type=int, help="video frame rate (default: the model's, 16)")
+    p.add_argument(
+        "--queue",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with every slot taken, creates wait in line for a ticket (202) rather than get 429 (default on)",
+    )
+    p.add_argument("--queue-max", type=int, help="tickets waiting at once (default 100)")
+    p.add_argument("--queue-per-client", type=int, help="tickets one address may hold (default 2)")
+    p.add_argument("--ticket-silence-s", type=float, help="a ticket not polled this long is dropped (default 30)")
+    p.add_argument("--connect-window-s", type=float, help="a ready ticket's holder offers within this (default 60)")
+    p.add_argument("--max-turn-s", type=float, help="while someone waits, a session ends after this (default: none)")
+    p.add_argument("--turn-warning-s", type=float, help="turn_ending this long before a turn ends (default 10)")
+    p.add_argument(
+        "--turn-handover",
+        choices=[h.value for h in TurnHandover],
+        help="fresh: the next person starts their own world; continue: they take over this one (default fresh)",
+    )
     p.add_argument("--api-token", help="require this bearer token (mandatory off loopback)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--log-format", default="text", choices=("text", "json"), help="json: one object per line")

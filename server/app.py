@@ -27,10 +27,11 @@ from server.codecs import set_video_bitrate
 from server.dependencies import require_token
 from server.error_responses import add_error_handlers
 from server.ice import use_loopback_candidates, use_udp_port_range
-from server.routes import health, metrics, model, sessions
+from server.routes import health, metrics, model, sessions, tickets
 from server.sctp import bound_inbound_messages
 from server.settings import Settings
 from server.state import AppState
+from server.usher import Usher
 from server.watch import WATCH_TOKEN_HEADER, WATCH_URL_HEADER
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
@@ -40,6 +41,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     model.router,
     metrics.router,
     sessions.router,
+    tickets.router,
     whep.router,
     watch.router,
     snapshots.router,
@@ -101,9 +103,12 @@ def use_transport_settings(settings: Settings, fps: int) -> None:
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     state: AppState = app.state.worldrtc
     state.start()
+    usher = Usher(state)  # seats the waiting room (server/usher.py)
+    usher.start()
     try:
         yield
     finally:
+        await usher.stop()
         await state.stop()
 
 

@@ -72,6 +72,12 @@ class RateLimited(ServerError):
     code = "rate_limited"
 
 
+class QueueFull(Busy):
+    """Every slot is taken and the waiting room is full too (or this address holds its share of it)."""
+
+    code = "queue_full"
+
+
 class Unavailable(ServerError):
     code = "unavailable"
 
@@ -100,6 +106,12 @@ class Gone(ServerError):
     code = "snapshot_gone"
 
 
+class TicketGone(ServerError):
+    """A waiting-room ticket that was dropped (not polled, left, a no-show): its message says why."""
+
+    code = "ticket_gone"
+
+
 class InsufficientStorage(ServerError):
     """A snapshot the budget cannot hold."""
 
@@ -116,6 +128,7 @@ HTTP_STATUS: dict[type[ServerError], int] = {
     TooLarge: 413,
     UnsupportedMediaType: 415,
     Gone: 410,
+    TicketGone: 410,
     Busy: 429,
     RateLimited: 429,
     Unavailable: 503,

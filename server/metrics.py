@@ -12,6 +12,7 @@ from collections import deque
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 PERIOD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0)
+QUEUE_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 3600.0)
 LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -64,6 +65,22 @@ class Metrics:
         )
         self.sessions_refused = Counter(
             "worldrtc_sessions_refused_total", "Session creations refused, by reason", ["reason"], registry=r
+        )
+        self.queue_length = Gauge("worldrtc_queue_length", "Tickets waiting for a session slot", registry=r)
+        self.queue_wait = Histogram(
+            "worldrtc_queue_wait_seconds",
+            "A ticket's wait from its create to its session (ready)",
+            buckets=QUEUE_BUCKETS,
+            registry=r,
+        )
+        self.queue_dropped = Counter(
+            "worldrtc_queue_dropped_total",
+            "Tickets dropped, by reason (silent, left, no_show, server_shutdown, failed)",
+            ["reason"],
+            registry=r,
+        )
+        self.turns_over = Counter(
+            "worldrtc_turns_over_total", "Sessions ended at their turn's end for someone waiting", registry=r
         )
 
 

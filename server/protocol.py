@@ -226,6 +226,7 @@ class EndReason(StrEnum):
     SERVER_SHUTDOWN = "server_shutdown"  # the server stopped (after its drain, if it had one)
     DRIVER_LEFT = "driver_left"  # a spectator's session ended
     REVOKED = "revoked"  # a spectator's watch token was revoked by the driver
+    TURN_OVER = "turn_over"  # max_turn_s reached while someone waited for the slot (after `turn_ending`)
 
     @property
     def failed(self) -> bool:
@@ -250,6 +251,13 @@ class DoneMsg(_ServerMessage):
     reason: str
 
 
+class TurnEndingMsg(_ServerMessage):
+    """Someone is waiting for this session's slot: the turn ends (`done` turn_over) in `seconds_left`."""
+
+    type: Literal["turn_ending"] = "turn_ending"
+    seconds_left: float
+
+
 class RewoundMsg(_ServerMessage):
     """The session was rewound to a snapshot (POST /v1/sessions/{id}/restore): frames from here on
     continue from it; chunk indices start again at its `chunk_index`."""
@@ -258,7 +266,9 @@ class RewoundMsg(_ServerMessage):
     parent: Parent
 
 
-ServerMessage = ReadyMsg | VideoStartMsg | ChunkMsg | StatsMsg | ErrorMsg | PongMsg | DoneMsg | RewoundMsg
+ServerMessage = (
+    ReadyMsg | VideoStartMsg | ChunkMsg | StatsMsg | ErrorMsg | PongMsg | DoneMsg | RewoundMsg | TurnEndingMsg
+)
 
 
 # ---- REST ----
@@ -285,6 +295,11 @@ class CreateSessionRequest(BaseModel):
         default=None,
         description="start from this snapshot (a branch): its image, prompt, seed and chunk size; "
         "send a token of its session's line as the bearer",
+    )
+    queue: bool = Field(
+        default=True,
+        description="when every slot is taken, wait in line (202 with a ticket, where the server queues) "
+        "rather than get 429 busy",
     )
 
 
@@ -336,6 +351,24 @@ class SessionInfo(BaseModel):
     metrics: dict[str, Any] = Field(default_factory=dict)
     error: str | None = None
     ended: str | None = None  # the EndReason, once it has ended
+
+
+class TicketInfo(BaseModel):
+    """A place in the waiting room (server/waiting_room.py): the 202 of a create, and each poll."""
+
+    ticket_id: str
+    ticket_token: str | None = None  # only in the 202: the bearer of every poll
+    state: Literal["waiting", "ready", "served"]
+    position: int  # 1: next; 0 once it is not waiting
+    waiting: int  # tickets waiting now, this one included
+    estimated_wait_s: float  # from measured turns (0 once ready)
+    poll_url: str
+    # The world to watch meanwhile (WORLDRTC_QUEUE_WATCH), as a spectator: may change between polls.
+    watch_url: str | None = None
+    watch_token: str | None = None
+    # Once ready: exactly what a 201 create returns; offer to its offer_url within connect_by_s.
+    session: SessionInfo | None = None
+    connect_by_s: float | None = None
 
 
 class OfferRequest(BaseModel):

@@ -55,6 +55,7 @@ from server.protocol import (
     RewoundMsg,
     ServerMessage,
     StopMsg,
+    TurnEndingMsg,
 )
 from server.recording import SessionRecording
 from server.recording_store import RecordingStore
@@ -100,6 +101,7 @@ class ServerSession:
         recordings: RecordingStore | None = None,
         weights_digest: str = "",
         branch_of: ServerSnapshot | None = None,
+        offer_timeout_s: float | None = None,
     ) -> None:
         self.id = secrets.token_hex(8)
         self.token = secrets.token_urlsafe(24)
@@ -135,7 +137,8 @@ class ServerSession:
         self._tasks = OwnedTasks(f"session-{self.id}")
         self._closed = asyncio.Event()
         self.timers = SessionTimers(self._tasks, self.close)
-        self.timers.expect_offer(settings.offer_timeout_s, lambda: self.state is SessionState.CREATED)
+        offer_within_s = settings.offer_timeout_s if offer_timeout_s is None else offer_timeout_s
+        self.timers.expect_offer(offer_within_s, lambda: self.state is SessionState.CREATED)
 
     # ---- what it tells ----
 
@@ -220,6 +223,10 @@ class ServerSession:
         )
         self.peer.send(RewoundMsg(parent=self.parent))
         self._open_engine_session()
+
+    def turn_ending(self, seconds_left: float) -> None:
+        """Someone waits for this slot: tell the driver when its turn ends (the usher then closes it)."""
+        self.peer.send(TurnEndingMsg(seconds_left=round(seconds_left, 1)))
 
     def _require_streaming(self, verb: str) -> None:
         if self.state is not SessionState.STREAMING or self.link.current is None:

@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from server.dispatch import DispatchPolicy
 from server.turn import TurnConfig
+from server.turn_handover import TurnHandover
 from workers.models.attention_backend import AttentionBackend
 from workers.models.presets import DEFAULT_PRESET
 
@@ -109,6 +110,20 @@ class Settings(BaseSettings):
     # DEFAULT_MAX_SESSION_S off loopback, where a slot is a shared GPU. 0: no limit.
     max_session_s: float | None = Field(default=None, ge=0)
     drain_timeout_s: float = Field(default=30.0, ge=0)
+    # The waiting room (server/waiting_room.py): with every slot taken, a REST create gets a ticket
+    # (202) rather than 429, unless it sends "queue": false. WHEP offers never wait (no ticket to hold).
+    queue: bool = True
+    queue_max: int = Field(default=100, ge=1)  # tickets waiting at once; then 429 queue_full
+    queue_per_client: int = Field(default=2, ge=1)  # tickets one address may hold at once
+    ticket_silence_s: float = Field(default=30.0, gt=0)  # a ticket not polled this long is dropped
+    connect_window_s: float = Field(default=60.0, gt=0)  # a ready ticket's holder offers within this
+    queue_watch: bool = True  # tickets carry a watch URL and token for the world they wait for
+    # Turns (server/usher.py): while someone waits, a driver's session ends after max_turn_s
+    # (`turn_ending` turn_warning_s before, `done` turn_over); with nobody waiting it goes on. None: no
+    # turns. fresh: the next person starts their own world; continue: they take over this one.
+    max_turn_s: float | None = Field(default=None, gt=0)
+    turn_warning_s: float = Field(default=10.0, ge=0)
+    turn_handover: TurnHandover = TurnHandover.FRESH
     stats_interval_s: float = 1.0
     # A closed session stays listed this long, with its recording and video (server/recording.py):
     # time enough to download them after the end.

@@ -11,10 +11,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from fastapi import Request
 
-from server.errors import BadRequest, Busy, Draining, Loading, RateLimited, Restarting, ServerError
+from server.admission import Admission
+from server.errors import BadRequest, Busy, Draining, Loading, QueueFull, RateLimited, Restarting, ServerError
 from server.ice import host_addresses, keep_local_candidates
 from server.memory import MemoryReclaimer, freeze_startup_objects
 from server.metrics import LoopLagMonitor, Metrics
@@ -22,12 +24,13 @@ from server.phase import Phase
 from server.protocol import CreateSessionRequest, EndReason
 from server.rate_limit import PerClientLimiter, client_address
 from server.recording_store import RecordingStore
-from server.session import ACTIVE, ServerSession
+from server.session import ACTIVE, ServerSession, SessionState
 from server.session_spec import SessionSpec
 from server.settings import Settings
 from server.snapshot import ServerSnapshot
 from server.snapshot_book import SnapshotBook
 from server.start_image import start_image
+from server.waiting_room import QueueConfig, Ticket, WaitingRoom
 from workers.models.loading import model_events
 from workers.models.weights_digest import weights_digest
 from workers.runtime.engine import PipelineEngine
@@ -39,6 +42,14 @@ from workers.runtime.synthetic import SYNTHETIC, resolve_model
 log = logging.getLogger("worldrtc.server")
 
 WORKER_GRACE_S = 10.0  # stopping workers may finish their command this long, then are killed
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A create that waits: its ticket, and the ticket's token (shown once, in the 202)."""
+
+    ticket: Ticket
+    token: str
 
 
 class AppState:
@@ -103,6 +114,16 @@ class AppState:
         # page's chips; read while loading.
         self.events: dict[str, str] = {}
         self._loader: asyncio.Task[None] | None = None
+        config = QueueConfig(
+            max_waiting=settings.queue_max,
+            per_client=settings.queue_per_client,
+            silence_s=settings.ticket_silence_s,
+            connect_window_s=settings.connect_window_s,
+            max_turn_s=settings.max_turn_s,
+        )
+        self.waiting_room = WaitingRoom(config)
+        # Rung when a slot frees or a ticket joins: the usher (server/usher.py) wakes to seat the head.
+        self.doorbell = asyncio.Event()
 
     def start(self) -> None:
         """At app start, on the loop: watch the loop's lag, and load the engine in the background."""
@@ -181,16 +202,17 @@ class AppState:
         """The snapshot, if the request's bearer may use it (server/snapshot_book.py)."""
         return self.snapshot_book.authorize(snapshot_id, request, self.settings.api_token, self.engine.snapshots)
 
-    async def new_session(self, body: CreateSessionRequest, request: Request) -> ServerSession:
-        """A session in state `created`, waiting for its offer (REST create, or WHEP); the request's
-        address counts against the per-client creation rate, and its bearer must open the snapshot
-        of a branch. Every refusal comes before any work."""
+    async def admit(self, body: CreateSessionRequest, request: Request, *, may_wait: bool) -> ServerSession | Queued:
+        """A session in state `created`, waiting for its offer (REST create, or WHEP); or, when every
+        slot is taken (or others wait already) and the create may wait, a ticket in the waiting room.
+        The request's address counts against the per-client creation rate, and its bearer must open
+        the snapshot of a branch. Every refusal comes before any work."""
         self.require_ready()
         settings = self.settings
         client = client_address(request)
         branch_of = None
         if body.snapshot is not None:
-            given = body.model_fields_set - {"snapshot", "fps", "max_duration_s", "dispatch"}
+            given = body.model_fields_set - {"snapshot", "fps", "max_duration_s", "dispatch", "queue"}
             if given:
                 raise BadRequest(
                     f"a branch continues its snapshot's {', '.join(sorted(given))}: send 'snapshot' without them"
@@ -201,7 +223,10 @@ class AppState:
             self.metrics.sessions_refused.labels("rate_limited").inc()
             rate = f"{settings.create_burst} at once, then {settings.create_rate_per_min:g} a minute"
             raise RateLimited(f"too many sessions created from {client} ({rate})", retry_after_s=wait_s)
-        if self.free_slots() == 0:
+        # Nobody passes the people in line: a slot that frees goes to the head ticket (server/usher.py).
+        full = self.free_slots() == 0 or len(self.waiting_room) > 0
+        waits = full and may_wait and settings.queue and body.queue
+        if full and not waits:
             self.metrics.sessions_refused.labels("busy").inc()
             raise Busy(f"all {settings.max_sessions} session slots are in use; retry later", retry_after_s=5)
         if body.fps is not None and 90_000 % body.fps:
@@ -215,25 +240,50 @@ class AppState:
                 raise BadRequest(
                     f"chunk_frames {body.chunk_frames} does not fit the attention window; use at most {room}"
                 )
-        if branch_of is None:
+        if branch_of is not None:
+            admission = Admission(body, client, branch_of.origin.scene, branch_of.origin.image, branch_of)
+        elif waits:  # decoded now, so that a bad image is told now rather than when its turn comes
+            scene, image = await asyncio.to_thread(start_image, body, self.preset, settings)
+            admission = Admission(body, client, scene, image)
+        else:
             self._admitting += 1  # holds the slot while the image decodes off the loop
             try:
                 scene, image = await asyncio.to_thread(start_image, body, self.preset, settings)
             finally:
                 self._admitting -= 1
-        else:
-            scene, image = branch_of.origin.scene, branch_of.origin.image
+            admission = Admission(body, client, scene, image)
+        if waits:
+            try:
+                ticket, token = self.waiting_room.join(admission, client, time.monotonic())
+            except QueueFull:
+                self.metrics.sessions_refused.labels("queue_full").inc()
+                raise
+            self.metrics.queue_length.set(len(self.waiting_room))
+            self.doorbell.set()
+            return Queued(ticket, token)
+        return self.open_session(admission)
+
+    async def new_session(self, body: CreateSessionRequest, request: Request) -> ServerSession:
+        """A session now, or 429 busy (a WHEP offer: its client cannot hold a ticket)."""
+        admitted = await self.admit(body, request, may_wait=False)
+        assert isinstance(admitted, ServerSession)  # may_wait=False never queues
+        return admitted
+
+    def open_session(self, admission: Admission, offer_timeout_s: float | None = None) -> ServerSession:
+        """The admitted session, in state `created`: now, or when a ticket is seated (with the
+        ticket's connect window as its offer deadline)."""
+        body, settings = admission.body, self.settings
         spec = SessionSpec.resolve(
             self.preset,
             settings,
-            image,
+            admission.image,
             body.prompt,
             body.seed,
             body.max_duration_s,
             body.fps,
             body.chunk_frames,
-            scene,
-            branch_of,
+            admission.scene,
+            admission.branch_of,
         )
         session = ServerSession(
             self.engine,
@@ -244,12 +294,25 @@ class AppState:
             dispatch=body.dispatch,
             recordings=self.recordings if settings.record else None,
             weights_digest=self.weights_digest,
-            branch_of=branch_of,
+            branch_of=admission.branch_of,
+            offer_timeout_s=offer_timeout_s,
         )
         self.sessions[session.id] = session
         self.snapshot_book.joined(session.origin.line, session.token)
         self._forget_when_closed(session)
         return session
+
+    def held_s(self, now: float) -> list[float]:
+        """How long each taken slot has been held (the waiting room's estimate)."""
+        return [now - s.created_t for s in self.sessions.values() if s.state in ACTIVE]
+
+    def watch_target(self) -> ServerSession | None:
+        """The world people in line watch (WORLDRTC_QUEUE_WATCH): the longest-streaming session that
+        admits spectators."""
+        if not self.settings.queue_watch or self.settings.max_spectators_per_session == 0:
+            return None
+        streaming = [s for s in self.sessions.values() if s.state is SessionState.STREAMING and s.audience.watch_token]
+        return min(streaming, key=lambda s: s.created_t, default=None)
 
     async def local_offer(self, sdp: str) -> str:
         """An offer as the server answers it: on loopback, without candidates off this host."""
@@ -265,6 +328,9 @@ class AppState:
         async def forget() -> None:
             await session.wait_closed()
             self._own(self.reclaimer.session_closed())
+            if session.first_frame_s is not None:  # a turn that was driven: what the estimate learns from
+                self.waiting_room.turns.ended(time.monotonic() - session.created_t)
+            self.doorbell.set()  # a slot is free: the usher seats the head ticket
             await asyncio.sleep(self.settings.closed_session_keep_s)
             self.sessions.pop(session.id, None)
             self.recordings.remove(session.id)

@@ -28,6 +28,7 @@ last `keep_frames` decoded images wait in `frames()`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -83,6 +84,9 @@ class ClientRun:
     pts_origin: int | None = None
     first_frame_t: float | None = None
     rewinds: list[dict[str, Any]] = field(default_factory=list)  # `rewound` messages: restored to a snapshot
+    # The waiting room: (time, what the poll said) for each poll of the ticket, and `turn_ending` messages.
+    waits: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+    turn_endings: list[dict[str, Any]] = field(default_factory=list)
 
     def session_frames(self) -> list[ReceivedFrame]:
         """`frames` with pts on the session's clock (what the `chunk` messages' pts ranges use)."""
@@ -123,13 +127,21 @@ class Session:
         keep_frames: int = 16,
         watch: tuple[str, str] | None = None,
         snapshot: str | None = None,
+        queue: bool = True,
+        poll_s: float = 1.0,
     ) -> None:
         """`snapshot`: start a branch from it (its session's image, prompt and seed; `token` must be
-        a token of its session's line, or the API token)."""
+        a token of its session's line, or the API token). `queue`: when every slot is taken, wait in
+        the server's line (polling the ticket every `poll_s`; `run.waits` keeps what each poll said)
+        rather than fail with 429 busy."""
         self.url = url.rstrip("/")
         self.request: dict[str, Any] = {"scene": scene, "prompt": prompt, "seed": seed, "dispatch": dispatch}
         if snapshot is not None:
             self.request = {"snapshot": snapshot, "dispatch": dispatch}
+        if not queue:
+            self.request["queue"] = False
+        self.poll_s = poll_s
+        self.ticket: dict[str, Any] | None = None  # the waiting room's 202, while waiting
         self.whep, self.control, self.watch = whep, control and watch is None, watch
         self._auth = {"authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.AsyncClient(base_url=self.url, headers=self._auth, timeout=30)
@@ -183,9 +195,12 @@ class Session:
     async def _offer_rest(self, offer: str) -> str:
         body = {k: v for k, v in self.request.items() if v is not None}
         r = await self.http.post("/v1/sessions", json=body)
-        if r.status_code != 201:
+        if r.status_code == 202:
+            self.info = await self._wait_in_line(r.json())
+        elif r.status_code == 201:
+            self.info = r.json()
+        else:
             raise _error(r)
-        self.info = r.json()
         sid, token = self.info["session_id"], self.info["token"]
         r = await self.http.post(
             self.info.get("offer_url") or f"/v1/sessions/{sid}/offer",  # the node that holds the session
@@ -195,6 +210,32 @@ class Session:
         if r.status_code != 200:
             raise _error(r)
         return str(r.json()["sdp"])
+
+    async def _wait_in_line(self, ticket: dict[str, Any]) -> dict[str, Any]:
+        """Poll the ticket until its session is ready; that session's create answer."""
+        self.ticket = ticket
+        auth = {"authorization": f"Bearer {ticket['ticket_token']}"}
+        while True:
+            self.run.waits.append((time.perf_counter(), ticket))
+            if ticket["state"] != "waiting":
+                self.ticket = None
+                session: dict[str, Any] = ticket["session"]
+                return session
+            await asyncio.sleep(self.poll_s)
+            r = await self.http.get(self.ticket["poll_url"], headers=auth)
+            if r.status_code == 429:  # polled too fast: the server says when to come back
+                await asyncio.sleep(float(r.headers.get("retry-after", "1")))
+                continue
+            if r.status_code != 200:
+                raise _error(r)
+            ticket = r.json()
+
+    async def leave_queue(self) -> None:
+        """Give up the place in line (a no-op once the ticket's session is ready)."""
+        if self.ticket is not None:
+            auth = {"authorization": f"Bearer {self.ticket['ticket_token']}"}
+            await self.http.delete(self.ticket["poll_url"], headers=auth)
+            self.ticket = None
 
     async def _offer_whep(self, offer: str) -> str:
         query = urlencode({k: v for k, v in self.request.items() if v not in (None, "")})
@@ -220,6 +261,8 @@ class Session:
     async def close(self) -> dict[str, Any] | None:
         """End the session (DELETE) and the connection; returns the server's final record, if any."""
         final = None
+        with contextlib.suppress(httpx.HTTPError):
+            await self.leave_queue()  # closed while waiting in line
         if self.info is not None:
             try:
                 if "resource" in self.info:
@@ -403,3 +446,5 @@ class Session:
             self.run.pts_origin = int(msg["pts"])
         elif kind == "rewound":
             self.run.rewinds.append(msg)
+        elif kind == "turn_ending":
+            self.run.turn_endings.append(msg)

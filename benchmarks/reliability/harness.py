@@ -133,7 +133,9 @@ def _fmt(v: Any) -> str:
 @dataclass(frozen=True)
 class ServerConfig:
     args: tuple[str, ...] = SYNTHETIC
-    env: tuple[tuple[str, str], ...] = ()  # WORLDRTC_* settings without a flag
+    # WORLDRTC_* settings without a flag. The rows that are not about the waiting room want a full
+    # server to refuse (429) rather than hand out tickets.
+    env: tuple[tuple[str, str], ...] = (("WORLDRTC_QUEUE", "false"),)
 
     def with_env(self, **settings: object) -> ServerConfig:
         extra = tuple((f"WORLDRTC_{k.upper()}", str(v)) for k, v in settings.items())

@@ -1,7 +1,8 @@
 """The REST session routes: create and list sessions, read one (its info, its stage timeline), its
 recording and its video as generated, end it, and answer its SDP offer.
 
-    POST   /v1/sessions                         the API token; 201 SessionInfo with the session's token
+    POST   /v1/sessions                         the API token; 201 SessionInfo with the session's token,
+                                                or 202 with a waiting-room ticket (server/routes/tickets.py)
     GET    /v1/sessions                         the API token
     GET    /v1/sessions/{id}[/timeline]         the session's token or the API token, as every route below
     GET    /v1/sessions/{id}/recording          what regenerates it (server/recording.py)
@@ -12,38 +13,39 @@ recording and its video as generated, end it, and answer its SDP offer.
 
 import asyncio
 import json
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from server.created import created_body
 from server.dependencies import SessionDep, StateDep, require_token
 from server.errors import Conflict, NotFound
 from server.growing_file import growing_file_response
-from server.protocol import AnswerResponse, CreateSessionRequest, EndReason, OfferRequest, SessionInfo
+from server.protocol import AnswerResponse, CreateSessionRequest, EndReason, OfferRequest, SessionInfo, TicketInfo
+from server.routes.tickets import ticket_body
 from server.session_info import session_info
-from server.turn import ice_servers_for
-from server.watch import watch_url
+from server.state import Queued
 
 router = APIRouter()
 
 
-@router.post("/v1/sessions", status_code=201, response_model=SessionInfo, dependencies=[Depends(require_token)])
-async def create_session(request: Request, state: StateDep, body: CreateSessionRequest | None = None) -> dict[str, Any]:
-    session = await state.new_session(body or CreateSessionRequest(), request)
-    url = state.node_url(f"/v1/sessions/{session.id}")
-    settings = state.settings
-    return session_info(session) | {
-        "token": session.token,
-        "ice_servers": ice_servers_for(settings.ice_servers, settings.turn, session.id),
-        "session_url": url,
-        "offer_url": f"{url}/offer",
-        "recording_url": f"{url}/recording",
-        "video_url": f"{url}/video.mp4",
-        "watch_url": watch_url(state, session),
-        "watch_token": session.audience.watch_token,
-        "snapshots_url": f"{url}/snapshots",
-    }
+@router.post(
+    "/v1/sessions",
+    status_code=201,
+    response_model=SessionInfo,
+    dependencies=[Depends(require_token)],
+    responses={202: {"model": TicketInfo, "description": "every slot is taken: a ticket in the waiting room"}},
+)
+async def create_session(
+    request: Request, state: StateDep, body: CreateSessionRequest | None = None
+) -> dict[str, Any] | JSONResponse:
+    admitted = await state.admit(body or CreateSessionRequest(), request, may_wait=True)
+    if isinstance(admitted, Queued):
+        ticket = ticket_body(state, admitted.ticket, time.monotonic()) | {"ticket_token": admitted.token}
+        return JSONResponse(ticket, status_code=202, headers={"Location": ticket["poll_url"]})
+    return created_body(state, admitted)
 
 
 @router.get("/v1/sessions", dependencies=[Depends(require_token)])

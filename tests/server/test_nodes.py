@@ -75,7 +75,7 @@ def test_sessions_spread_over_nodes_and_a_freed_slot_takes_the_next(nodes: list[
 
         # Both nodes full: the balancer (or a node not yet out of rotation) refuses, saying when to retry.
         def refused() -> httpx.Response | None:
-            r = httpx.post(f"{balancer}/v1/sessions", json={}, timeout=10)
+            r = httpx.post(f"{balancer}/v1/sessions", json={"queue": False}, timeout=10)
             return r if r.status_code in (429, 503) else None
 
         r = wait_until(refused, 10, "a full cluster refusing a create")
@@ -90,7 +90,7 @@ def test_sessions_spread_over_nodes_and_a_freed_slot_takes_the_next(nodes: list[
         assert httpx.delete(freed, timeout=10).status_code in (200, 404)
 
         def created() -> dict | None:
-            r = httpx.post(f"{balancer}/v1/sessions", json={}, timeout=10)
+            r = httpx.post(f"{balancer}/v1/sessions", json={"queue": False}, timeout=10)
             return r.json() if r.status_code == 201 else None
 
         again = wait_until(created, 30, "a create succeeding once a slot is free")

@@ -163,7 +163,7 @@ def test_full_server_answers_429(client: TestClient) -> None:
         r = client.post("/v1/sessions", json={"scene": "main-street"})
         assert r.status_code == 201
         ids.append(r.json()["session_id"])
-    r = client.post("/v1/sessions", json={"scene": "main-street"})
+    r = client.post("/v1/sessions", json={"scene": "main-street", "queue": False})  # asks not to wait
     assert_error(r, 429, "busy", "retry")
     assert int(r.headers["retry-after"]) > 0
     for sid in ids:
