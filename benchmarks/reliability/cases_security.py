@@ -36,6 +36,9 @@ WATCH = "watch"  # the API token, or the session's watch token (never its driver
 # The API token, or a token of the snapshot's line. For the unknown snapshot these rows ask about,
 # any session's token gets 404 (row 30 checks ownership on real snapshots: another line's is 403).
 LINE = "line"
+# The API token, or the ticket's own token (row 32 checks a ticket's own; here the unknown ticket
+# these rows ask about gets 404 for the API token and 401 for any other).
+TICKET = "ticket"
 ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/healthz"): PUBLIC,
     ("GET", "/readyz"): PUBLIC,
@@ -68,6 +71,8 @@ ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/v1/sessions/{session_id}/restore"): SESSION,
     ("GET", "/v1/snapshots/{snapshot_id}"): LINE,
     ("DELETE", "/v1/snapshots/{snapshot_id}"): LINE,
+    ("GET", "/v1/tickets/{ticket_id}"): TICKET,
+    ("DELETE", "/v1/tickets/{ticket_id}"): TICKET,
 }
 CREDENTIALS = ("none", "wrong", "api", "own", "watch", "other", "query")
 
@@ -96,7 +101,7 @@ def _routes_of(settings: Settings) -> set[tuple[str, str]]:
 
 def _concrete(path: str, sid: str) -> str:
     path = path.replace("{session_id}", sid).replace("{spectator_id}", "0123456789abcdef")
-    path = path.replace("{snapshot_id}", "0123456789abcdef")
+    path = path.replace("{snapshot_id}", "0123456789abcdef").replace("{ticket_id}", "0123456789abcdef")
     return path.replace("{name}", "main-street").replace("/static", "/static/js/main.js")
 
 
@@ -199,8 +204,8 @@ def route_inventory(lab: Lab, r: CaseResult) -> None:
     opened = sorted(x.split(":")[0] for x in open_routes)
     no_token = _routes_of(Settings(model="synthetic", stage_ms="20,150,100", synthetic_geometry="gridworld"))
     docs = sorted(f"{m} {p}" for m, p in no_token - served)
-    # The only writes are to sessions and their snapshots: nothing configures, reloads or stops the server over HTTP.
-    viewers = ("/v1/sessions", "/v1/whep", "/v1/snapshots")
+    # The only writes are to sessions, their snapshots and a place in line: nothing configures, reloads or stops the server over HTTP.
+    viewers = ("/v1/sessions", "/v1/whep", "/v1/snapshots", "/v1/tickets")
     admin = sorted(f"{m} {p}" for m, p in served if m != "GET" and not p.startswith(viewers))
     r.figures = {"served": sorted(f"{m} {p}" for m, p in served), "open_without_token": open_routes}
     r.checks = [
