@@ -11,4 +11,5 @@ from benchmarks.reliability import (
     cases_security,  # noqa: F401
     cases_snapshots,  # noqa: F401
     cases_spectators,  # noqa: F401
+    cases_waiting,  # noqa: F401
 )

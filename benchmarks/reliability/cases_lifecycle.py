@@ -47,7 +47,7 @@ def _status(server: ServerUnderTest, path: str) -> tuple[int, str | None]:
         return 0, None
 
 
-def _exit_within(process: ServerProcess, timeout_s: float) -> tuple[int | None, float | None]:
+def exit_within(process: ServerProcess, timeout_s: float) -> tuple[int | None, float | None]:
     t0 = time.monotonic()
     try:
         code = process.proc.wait(timeout=timeout_s)
@@ -89,7 +89,7 @@ def sigterm_drain(lab: Lab, r: CaseResult) -> None:
                 await asyncio.sleep(POLL_S)
             b_done_s = None if b.run.done is None else b.run.done["received_t"] - t0
             b_frames = len(b.run.frames) - frames_at[id(b)]
-            code, exit_s = await loop.run_in_executor(None, _exit_within, process, drain_s + 10)
+            code, exit_s = await loop.run_in_executor(None, exit_within, process, drain_s + 10)
             exit_after_s = None if exit_s is None else time.perf_counter() - t0
             await b.close()
             return {
@@ -133,7 +133,7 @@ def sigterm_idle_twice(lab: Lab, r: CaseResult) -> None:
     idle = start_server(list(ServerConfig().args), lab.log_dir / "sigterm-idle.log")
     try:
         idle.proc.send_signal(signal.SIGTERM)
-        idle_code, idle_s = _exit_within(idle, 30)
+        idle_code, idle_s = exit_within(idle, 30)
     finally:
         kill_group(idle)
     config = ServerConfig().with_env(drain_timeout_s=60)
@@ -146,7 +146,7 @@ def sigterm_idle_twice(lab: Lab, r: CaseResult) -> None:
             busy.proc.send_signal(signal.SIGTERM)
             await asyncio.sleep(0.5)  # draining now: the session goes on
             busy.proc.send_signal(signal.SIGTERM)
-            code, exit_s = await asyncio.get_running_loop().run_in_executor(None, _exit_within, busy, 30)
+            code, exit_s = await asyncio.get_running_loop().run_in_executor(None, exit_within, busy, 30)
             done = s.run.done
             await s.close()
             return code, exit_s, done

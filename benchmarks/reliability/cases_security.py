@@ -204,7 +204,8 @@ def route_inventory(lab: Lab, r: CaseResult) -> None:
     opened = sorted(x.split(":")[0] for x in open_routes)
     no_token = _routes_of(Settings(model="synthetic", stage_ms="20,150,100", synthetic_geometry="gridworld"))
     docs = sorted(f"{m} {p}" for m, p in no_token - served)
-    # The only writes are to sessions, their snapshots and a place in line: nothing configures, reloads or stops the server over HTTP.
+    # The only writes are to sessions, their snapshots and a place in line: nothing configures,
+    # reloads or stops the server over HTTP.
     viewers = ("/v1/sessions", "/v1/whep", "/v1/snapshots", "/v1/tickets")
     admin = sorted(f"{m} {p}" for m, p in served if m != "GET" and not p.startswith(viewers))
     r.figures = {"served": sorted(f"{m} {p}" for m, p in served), "open_without_token": open_routes}
