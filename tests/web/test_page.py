@@ -2,14 +2,18 @@
 
 One server for the module: the synthetic timing model (stage workers that hold 20, 120 and 80 ms per
 chunk and stamp frame numbers), so the page, the server, WebRTC and the workers are the real ones
-and only the world model is not; `--max-sessions 1`, so a second session meets a busy server.
+and only the world model is not; `--max-sessions 1`, so a second session waits in line, and turns of
+60 s announced 60 s ahead, so that a driver sees its countdown as soon as someone waits.
 
 - Touch: a phone viewport (390 × 844, touch events through Chromium's input pipeline) walks with the
   on-screen stick, turns with the hold button, looks by dragging the video and resets the camera;
   every gesture reaches the server (a later chunk's applied control sequence number and keys).
 - Errors: files that are not PNG or JPEG, undecodable or too large are refused before upload with a
   sentence and no thumbnail; a scene the server no longer has offers "Pick a scene", which fixes it;
-  a busy server is retried with backoff until the slot frees.
+  a full server puts the page in line until the slot frees.
+- The waiting room: a phone-sized page in line shows its place over the world the driver walks (a
+  watch under the overlay); the driver's HUD counts its turn down; the phone streams once the driver
+  stops.
 - Accessibility: every control is reached with Tab and shows a focus ring, every control has an
   accessible name, and at 200 % zoom the HUD and its stage timeline (key T) fit inside the video.
 - Controls help: built from what the served model accepts (GET /v1/model `accepts`), so a model
@@ -54,6 +58,7 @@ PYTHON_INTERNALS = re.compile(r"<[\w.]+ object at 0x|\b[A-Z]\w*(Error|Exception)
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("page") / "server.log"
     args = ["--model", "synthetic", "--stage-ms", "20,120,80", "--synthetic-geometry", "tiny", "--max-sessions", "1"]
+    args += ["--max-turn-s", "60", "--turn-warning-s", "60"]
     with local_server(args, log) as srv:
         yield srv
 
@@ -218,7 +223,7 @@ def test_files_that_cannot_be_a_start_image_are_refused_before_upload(
     no_page_errors(errors)
 
 
-def test_a_missing_scene_offers_a_fix_and_a_busy_server_is_retried(
+def test_a_missing_scene_offers_a_fix_and_a_full_server_puts_the_page_in_line(
     browser: Any, server: ServerProcess, errors: list[str]
 ) -> None:
     page = open_page(browser, server, errors, viewport={"width": 1280, "height": 800})
@@ -247,17 +252,47 @@ def test_a_missing_scene_offers_a_fix_and_a_busy_server_is_retried(
     page.wait_for_function("() => !document.querySelector(\".scene[data-name='atlantis']\")", timeout=10_000)
     assert page.evaluate("() => document.activeElement.matches('.scene input:checked')")
 
-    # The only slot is taken: the page says the server is busy and tries again on its own.
+    # The only slot is taken: the page waits in line, says its place, and streams once the slot frees.
     with httpx.Client(base_url=server.url) as http:
         other = http.post("/v1/sessions", json={}).json()
         page.locator("#start-btn").click()
-        page.wait_for_function("() => /busy/.test(document.getElementById('overlay-text').textContent)", timeout=10_000)
+        page.wait_for_function("() => window.worldrtc.state === 'waiting'", timeout=10_000)
+        page.wait_for_function("() => /You are next/.test(document.getElementById('overlay-text').textContent)")
         state = hook(page)
-        assert state["action"] is None and not button.is_visible()  # a retry is coming, no button
-        assert "Trying again in" in page.locator("#overlay-text").inner_text()
+        assert state["queue"]["position"] == 1 and state["action"] is None and not button.is_visible()
+        assert page.locator("#stop-btn").is_enabled()  # leaving the line is one click
         http.delete(f"/v1/sessions/{other['session_id']}")
     page.wait_for_function("() => window.worldrtc.state === 'streaming'", timeout=STREAM_TIMEOUT_MS)
     stop(page)
+    no_page_errors(errors)
+
+
+def test_a_phone_in_line_watches_the_world_and_the_driver_sees_its_turn_count_down(
+    browser: Any, server: ServerProcess, errors: list[str]
+) -> None:
+    driver = open_page(browser, server, errors, viewport={"width": 1280, "height": 800})
+    driver.locator("#start-btn").click()
+    wait_streaming(driver)
+    phone = open_page(browser, server, errors, viewport={"width": 390, "height": 844}, has_touch=True, is_mobile=True)
+    phone.locator("#start-btn").click()
+    phone.wait_for_function("() => window.worldrtc.state === 'waiting'", timeout=10_000)
+    # The world the driver walks plays under the overlay while the phone waits.
+    phone.wait_for_function(
+        "() => window.worldrtc.watchingWhileWaiting && document.querySelector('video').currentTime > 0.5",
+        timeout=STREAM_TIMEOUT_MS,
+    )
+    overlay = phone.locator("#overlay-text")
+    assert re.search(r"You are next", overlay.inner_text()) and overlay.is_visible()
+    box = overlay.bounding_box()
+    assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390, box
+    # The server's turns: 60 s, announced 60 s ahead, so the driver's countdown shows at once.
+    driver.wait_for_function("() => window.worldrtc.turnEndsAt !== null", timeout=10_000)
+    driver.wait_for_function("() => /ends in \\d+ s/.test(document.getElementById('hud-turn').textContent)")
+    assert driver.locator("#hud-turn").is_visible()
+    stop(driver)  # the driver leaves before its turn's end: the phone's turn comes
+    phone.wait_for_function("() => window.worldrtc.state === 'streaming'", timeout=STREAM_TIMEOUT_MS)
+    assert hook(phone)["queue"] is None and not hook(phone)["watchingWhileWaiting"]
+    stop(phone)
     no_page_errors(errors)
 
 

@@ -27,6 +27,8 @@ export const el = {
   hudKeys: $("hud-keys"),
   hudSpectators: $("hud-spectators"),
   hudPrompt: $("hud-prompt"),
+  hudTurn: $("hud-turn"),
+  hudTurnRow: $("hud-turn-row"),
   hudPromptLatency: $("hud-prompt-latency"),
   hudDriverRows: [...document.querySelectorAll("#hud .hud-driver")],
   hudError: $("hud-error"),

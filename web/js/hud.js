@@ -52,6 +52,9 @@ export function renderHud() {
   el.hudKeys.textContent = live && keys.length ? keys.join(" ").toUpperCase() : "–";
   el.hudPrompt.textContent = (chunk && describeReceipt(chunk.prompt)) || "–";
   el.hudPromptLatency.textContent = st.promptMs === null ? "–" : `${Math.round(st.promptMs)} ms`;
+  const turnLeftS = hook.turnEndsAt === null ? null : Math.max(0, (hook.turnEndsAt - performance.now()) / 1000);
+  el.hudTurnRow.hidden = turnLeftS === null;
+  el.hudTurn.textContent = turnLeftS === null ? "–" : `ends in ${Math.ceil(turnLeftS)} s`;
 }
 
 // ---- the parent: the snapshot a branch (or a rewound session) goes on from ----

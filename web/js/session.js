@@ -8,13 +8,14 @@
 import { ApiError, api, describeApiError, sentence, transient } from "./api.js";
 import { send, startLookLoop } from "./controls.js";
 import { el } from "./dom.js";
-import { showParent } from "./hud.js";
+import { renderHud, showParent } from "./hud.js";
 import { onChunk, startFrameWatch } from "./latency.js";
 import {
   alive, armFirstFrameTimer, getIceServers, newConnection, onMessages, releasePeer, resetStats, showVideo,
   waitIceGathering, watchConnection,
 } from "./peer.js";
 import { hideShare, showShare, showWatching } from "./share.js";
+import { waitInLine } from "./waiting.js";
 import { app, heldKeys, hook } from "./state.js";
 import { setState, showMessage, showModel, updateControls } from "./status.js";
 
@@ -70,7 +71,13 @@ export async function start(body, startedAt, { isReconnect = false, line = null 
   showMessage("", false);
 
   try {
-    const created = await api("POST", "/v1/sessions", body, line ? app.lineTokens.get(line) : undefined);
+    let created = await api("POST", "/v1/sessions", body, line ? app.lineTokens.get(line) : undefined);
+    if (created.ticket_id) {
+      // Every seat is taken: wait in line (waiting.js), then go on with the session the ticket gets.
+      created = await waitInLine(s, created);
+      if (!created || !alive(s)) return;
+      setState("connecting", "Your turn: connecting…");
+    }
     s.id = created.session_id;
     // Behind a balancer the session lives on one node: its routes are the URLs the create returned.
     s.url = created.session_url || `/v1/sessions/${encodeURIComponent(s.id)}`;
@@ -282,6 +289,11 @@ function onServerMessage(s, msg) {
         hook.errorCode = msg.code || null;
         el.hudError.textContent = hook.error;
       }
+      break;
+    case "turn_ending":
+      // Someone waits for this seat: the HUD counts down to the turn's end (then `done` turn_over).
+      hook.turnEndsAt = performance.now() + 1000 * msg.seconds_left;
+      renderHud();
       break;
     case "done":
       s.done = msg.reason || "done";

@@ -5,7 +5,10 @@
 // ---- test hook: read by tests/web/test_browser.py and tests/web/test_page.py, updated live ----
 export const hook = {
   role: "driver", // driver | spectator (the page opened with a spectator link, see view.js)
-  state: "idle", // idle | connecting | streaming | closed | error
+  state: "idle", // idle | connecting | waiting | streaming | closed | error
+  queue: null, // while in line (waiting.js): {position, waiting, estimatedWaitS} of the last poll
+  watchingWhileWaiting: false, // the world shows under the waiting room's overlay
+  turnEndsAt: null, // performance.now() when this turn ends (a `turn_ending` came), else null
   sessionId: null,
   error: null,
   errorCode: null, // the server's code of the error shown (e.g. bad_image), null for client-side ones

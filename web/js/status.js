@@ -16,7 +16,9 @@ const ACTION_LABELS = {
   watch: "Watch again",
 };
 
-const STATE_TEXT = { idle: "idle", connecting: "connecting", streaming: "streaming", closed: "closed", error: "error" };
+const STATE_TEXT = {
+  idle: "idle", connecting: "connecting", waiting: "in line", streaming: "streaming", closed: "closed", error: "error",
+};
 
 export function showMessage(text, isError) {
   el.message.textContent = text;
@@ -39,6 +41,7 @@ export function showModel(name, weights) {
 // `action` (closed and error states): what the overlay's button offers (ACTION_LABELS), or null.
 export function setState(state, text, action = null) {
   hook.state = state;
+  if (state !== "streaming") hook.turnEndsAt = null;
   el.hudState.textContent = STATE_TEXT[state] || state;
   el.hudState.dataset.state = state;
   el.videoBox.classList.toggle("streaming", state === "streaming");
@@ -64,7 +67,7 @@ export function setState(state, text, action = null) {
 }
 
 export function updateControls() {
-  const busy = hook.state === "connecting" || hook.state === "streaming";
+  const busy = hook.state === "connecting" || hook.state === "waiting" || hook.state === "streaming";
   el.startBtn.disabled = busy || !app.modelInfo || !app.choice;
   el.stopBtn.disabled = !busy;
   // A snapshot is taken at the next chunk boundary: only a session that streams has one coming.
