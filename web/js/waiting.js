@@ -18,6 +18,10 @@ const ICE_GATHER_TIMEOUT_MS = 5000;
 export async function waitInLine(s, ticket) {
   const token = ticket.ticket_token;
   let preview = null;
+  let tried = null; // the watch URL last opened: one that failed is not tried again every poll
+  const pollUrl = ticket.poll_url;
+  const leaveOnHide = () => leave(pollUrl, token); // a closed tab gives its place up at once
+  window.addEventListener("pagehide", leaveOnHide);
   try {
     for (;;) {
       if (ticket.state !== "waiting") {
@@ -26,14 +30,15 @@ export async function waitInLine(s, ticket) {
       }
       hook.queue = { position: ticket.position, waiting: ticket.waiting, estimatedWaitS: ticket.estimated_wait_s };
       setState("waiting", describe(ticket, preview));
-      if (ticket.watch_url && (!preview || preview.url !== ticket.watch_url)) {
+      if (ticket.watch_url && ticket.watch_url !== tried) {
         closePreview(preview);
-        preview = await openPreview(s, ticket.watch_url, ticket.watch_token);
+        tried = ticket.watch_url;
+        preview = await openPreview(s, new URL(ticket.watch_url, window.location.href).href, ticket.watch_token);
         setState("waiting", describe(ticket, preview));
       }
       await new Promise((resolve) => setTimeout(resolve, POLL_MS));
       if (!alive(s)) {
-        leave(ticket.poll_url, token);
+        leave(pollUrl, token);
         return null;
       }
       try {
@@ -44,6 +49,7 @@ export async function waitInLine(s, ticket) {
       }
     }
   } finally {
+    window.removeEventListener("pagehide", leaveOnHide);
     closePreview(preview);
     if (app.current === s) hook.watchingWhileWaiting = false;
   }
@@ -60,8 +66,9 @@ function formatWait(s) {
   return s < 90 ? `${Math.max(1, Math.round(s))} s` : `${Math.round(s / 60)} min`;
 }
 
+// Best effort (an unpolled ticket is dropped anyway); keepalive lets it finish while the page unloads.
 function leave(pollUrl, token) {
-  api("DELETE", pollUrl, undefined, token).catch(() => {}); // best effort: an unpolled ticket is dropped anyway
+  fetch(pollUrl, { method: "DELETE", headers: { Authorization: `Bearer ${token}` }, keepalive: true }).catch(() => {});
 }
 
 // A receive-only watch of the world under the overlay: the video only, no messages read.
