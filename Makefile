@@ -66,7 +66,7 @@ lint: setup
 	$(VENV)/bin/lint-imports
 
 # The default suite (under 15 minutes on two cores); it ends with its 20 slowest tests, which is
-# where to look when it grows. Streams and rehearsals of 15 s or more are `long` (make test-long,
+# where to look when it grows. Streams and rehearsals of 11 s or more are `long` (make test-long,
 # which CI runs after this); soaks marked `slow` run only on purpose: `pytest -m slow`.
 test: lint packages parity-deps
 	$(PY) -m pytest -m "not (long or slow or container)" --durations=20 $(PYTEST_ARGS)

@@ -104,6 +104,7 @@ def test_plan_and_replay_run_from_the_command(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["num_frames"] > 0
 
 
+@pytest.mark.long
 def test_a_server_starts_from_a_directory_with_the_14b_file_names(tmp_path: Path) -> None:
     """`tiny`'s weights under the published names (diffusion_pytorch_model.safetensors.index.json and
     eight model-0000k-of-00008 shards): `worldrtc serve` loads them and becomes ready."""

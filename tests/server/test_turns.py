@@ -21,7 +21,7 @@ MAX_TURN_S = 3.0
 WARNING_S = 1.0
 
 
-@pytest.fixture(scope="module", params=["fresh", "continue"])
+@pytest.fixture(scope="module", params=["fresh", pytest.param("continue", marks=pytest.mark.long)])
 def server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ServerProcess, str]]:

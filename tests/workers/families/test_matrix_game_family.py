@@ -128,6 +128,7 @@ def _run(engine: SerialEngine, controls: list[ChunkControl], seed: int = SEED) -
     return [session.step(c).frames for c in controls]
 
 
+@pytest.mark.long
 @pytest.mark.heavy
 def test_chunks_and_determinism(engine: SerialEngine) -> None:
     walk = [ChunkControl.from_keys(["w"]), ChunkControl.from_keys(["w", "l"]), ChunkControl()]

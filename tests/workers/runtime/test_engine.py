@@ -60,6 +60,7 @@ def test_pipeline_reproduces_serial_engine(schedule: str, cpu_engine: PipelineEn
     assert_frames_equal(expected, got, f"{schedule} pipeline vs serial engine")
 
 
+@pytest.mark.long
 def test_sharded_placement_reproduces_serial_engine() -> None:
     expected = reference_frames(seed=6, num_chunks=3)
     with PipelineEngine("tiny", PLACEMENTS["cpu-sp2"], "pipelined") as engine:

@@ -88,7 +88,7 @@ def engine(request: pytest.FixtureRequest):
         yield engine
 
 
-@pytest.mark.parametrize("hold_from", [1, 5], ids=["early", "after-window-roll"])
+@pytest.mark.parametrize("hold_from", [1, pytest.param(5, marks=pytest.mark.long)], ids=["early", "after-window-roll"])
 def test_branch_reproduces_the_original_bit_exact(engine: PipelineEngine, hold_from: int) -> None:
     entry, original = run_with_snapshot(engine, hold_from, extra=2)
     again = branch(engine, entry, 2)
@@ -102,6 +102,7 @@ def test_branch_reproduces_the_original_bit_exact(engine: PipelineEngine, hold_f
     assert_idle(engine)
 
 
+@pytest.mark.long
 def test_snapshot_taken_while_another_session_runs(engine: PipelineEngine) -> None:
     if engine.preset.name != "gridworld":
         pytest.skip("one model shows it; the bit-exact branch runs on both")

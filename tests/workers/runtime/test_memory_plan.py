@@ -168,6 +168,7 @@ def test_an_official_preset_without_its_weights_fails_naming_the_missing_files(t
     require_checkpoint(get_preset("tiny"), None)  # a random-weight fixture
 
 
+@pytest.mark.long
 @pytest.mark.processes
 def test_the_plan_agrees_with_each_cpu_workers_peak_resident_set(tmp_path) -> None:
     """gridworld here; the device check's rehearsal (tests/benchmarks/test_device_check.py) does tiny."""

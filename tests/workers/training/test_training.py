@@ -219,6 +219,7 @@ def test_a_chunks_prompt_reaches_that_chunk_and_not_the_ones_before(tmp_path: Pa
         chunk_losses([day])
 
 
+@pytest.mark.long
 def test_an_event_set_keeps_each_walks_prompt_per_chunk_and_training_reads_it(tmp_path: Path) -> None:
     torch.manual_seed(0)
     vae_path = tmp_path / "vae.safetensors"
@@ -296,6 +297,7 @@ def test_a_deeper_dit_warm_started_from_a_shallower_one_starts_as_it_and_can_lea
     assert out.weight.grad is not None and not out.weight.any() and out.weight.grad.abs().sum() > 0  # it can learn
 
 
+@pytest.mark.long
 def test_first_chunk_set_holds_different_single_moves_from_new_starts(tmp_path: Path) -> None:
     torch.manual_seed(0)
     vae_path = tmp_path / "vae.safetensors"
