@@ -11,6 +11,7 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -69,6 +70,10 @@ def parse_args(argv: list[str] | None = None) -> dict[str, object]:
         choices=[h.value for h in TurnHandover],
         help="fresh: the next person starts their own world; continue: they take over this one (default fresh)",
     )
+    p.add_argument(
+        "--snapshot-dir",
+        help=f"where saves outlive the server (default {default_snapshot_dir()}; WORLDRTC_SNAPSHOT_DIR= for none)",
+    )
     p.add_argument("--api-token", help="require this bearer token (mandatory off loopback)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--log-format", default="text", choices=("text", "json"), help="json: one object per line")
@@ -88,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(log_level, str(overrides.pop("_log_format")))
     try:
         settings = Settings(**overrides)  # type: ignore[arg-type]
+        if "snapshot_dir" not in overrides and "WORLDRTC_SNAPSHOT_DIR" not in os.environ:
+            settings = settings.model_copy(update={"snapshot_dir": default_snapshot_dir()})
         if settings.model in PRESETS and not settings.random_weights:
             settings = with_weights(settings, PRESETS[settings.model])
     except (ValidationError, ValueError) as exc:
@@ -109,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     state = app.state.worldrtc
     url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else settings.host}:{settings.port}/"
     print(f"worldrtc: loading {state.preset.name} on placement {state.placement.name} …", flush=True)
+    if settings.snapshot_dir is not None:
+        print(f"worldrtc: saves in {settings.snapshot_dir}", flush=True)
 
     def announce() -> None:
         note = state.preset.weights_note
@@ -121,6 +130,12 @@ def main(argv: list[str] | None = None) -> int:
         why = state.engine.fatal_error or state.load_error or "see the log above"
         print(f"worldrtc: stopped with an engine failure: {why}", file=sys.stderr, flush=True)
     return code
+
+
+def default_snapshot_dir() -> Path:
+    """Saves of `worldrtc serve` when not told otherwise: the user's state directory (XDG)."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "worldrtc" / "snapshots"
 
 
 def with_weights(settings: Settings, preset: ModelPreset) -> Settings:

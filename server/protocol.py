@@ -315,7 +315,7 @@ class SnapshotInfo(BaseModel):
     frames: int  # video frames generated before it
     bytes: int  # every stage worker's part together
     created: float  # unix seconds
-    where: Literal["memory", "disk"]
+    where: Literal["memory", "disk", "saved"]  # saved: on disk under WORLDRTC_SNAPSHOT_DIR, outlives the server
     parent: Parent | None = None  # the snapshot the session it was taken from started from
     # What its frames depend on besides it (workers/determinism.py): a branch runs on the same.
     model: str

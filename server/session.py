@@ -63,7 +63,7 @@ from server.session_spec import SessionSpec
 from server.session_stats import PacerCounters, stats_message
 from server.session_timers import SessionTimers
 from server.settings import Settings
-from server.snapshot import ServerSnapshot
+from server.snapshot import MadeWith, ServerSnapshot
 from server.spectator import Spectator
 from server.timeline import SessionTimeline
 from workers.families.registry import family_for
@@ -203,7 +203,9 @@ class ServerSession:
         entry = await self.link.save(wait_s)
         recording = self.line.recording
         history = None if recording is None else await asyncio.to_thread(recording.history, entry.chunk_index)
-        return ServerSnapshot.of(entry, self.id, self.origin, self.parent, history)
+        placement = self.engine.placement
+        made_with = MadeWith(self.preset.name, self._weights_digest, placement.name, placement.cpu_threads_per_worker)
+        return ServerSnapshot.of(entry, self.id, self.origin, self.parent, history, made_with)
 
     async def restore(self, snapshot: ServerSnapshot) -> None:
         """Rewind to `snapshot` in place: the same connection goes on, showing frames from it."""

@@ -58,6 +58,12 @@ class Settings(BaseSettings):
     snapshot_budget_gib: float = Field(default=4.0, ge=0)
     snapshot_spill_dir: Path | None = None
     snapshot_spill_gib: float = Field(default=16.0, ge=0)
+    # Saves that outlive the server (server/saved_snapshots.py): with a directory, every snapshot is
+    # also written there and read back at the next start; the oldest go first past the quota. None
+    # (the default for an app built in code): snapshots live as long as the workers. `worldrtc serve`
+    # defaults it to a folder under the user's state directory.
+    snapshot_dir: Path | None = None
+    snapshot_dir_quota_gib: float = Field(default=20.0, gt=0)
     # Memory the plan may use (workers/runtime/memory_plan.py): per GPU, and the host's for CPU
     # placements. None: what the device reports, and the host's available memory.
     device_memory_gib: float | None = Field(default=None, gt=0)
@@ -145,6 +151,11 @@ class Settings(BaseSettings):
         if self.turn_secret is None:
             return None
         return TurnConfig(tuple(self.turn_urls), self.turn_secret, self.turn_ttl_s)
+
+    @field_validator("snapshot_dir", mode="before")
+    @classmethod
+    def _no_saves(cls, v: Any) -> Any:
+        return None if v == "" else v  # WORLDRTC_SNAPSHOT_DIR= (empty): no saves on disk
 
     @field_validator("udp_port_max")
     @classmethod

@@ -27,6 +27,24 @@ class Origin:
     line: str  # the id of the line's first session
 
 
+@dataclass(frozen=True)
+class MadeWith:
+    """What a snapshot's frames depend on besides it (workers/determinism.py): a branch must run on the same."""
+
+    model: str
+    weights: str  # workers/models/weights_digest.py
+    placement: str
+    intra_op_threads: int
+
+    def differences(self, here: MadeWith) -> list[str]:
+        """What differs from `here` (this server), in words; empty when a branch would be bit-exact."""
+        return [
+            f"{name} {getattr(self, name)} (this server: {getattr(here, name)})"
+            for name in ("model", "weights", "placement", "intra_op_threads")
+            if getattr(self, name) != getattr(here, name)
+        ]
+
+
 @dataclass
 class ServerSnapshot:
     snapshot_id: str
@@ -36,7 +54,8 @@ class ServerSnapshot:
     created: float
     origin: Origin
     parent: Parent | None  # the snapshot the session it was taken from started from
-    history: list[ChunkEntry] | None = None  # the line's recorded chunks before it (with recordings)
+    history: list[ChunkEntry] | None  # the line's recorded chunks before it (with recordings)
+    made_with: MadeWith
     frames: int = field(init=False)
 
     @classmethod
@@ -47,10 +66,19 @@ class ServerSnapshot:
         origin: Origin,
         parent: Parent | None,
         history: list[ChunkEntry] | None,
+        made_with: MadeWith,
     ) -> ServerSnapshot:
         """The engine's catalog entry, with what the server keeps beside it."""
         return cls(
-            entry.snapshot_id, session_id, entry.chunk_index, entry.nbytes, entry.created_unix, origin, parent, history
+            entry.snapshot_id,
+            session_id,
+            entry.chunk_index,
+            entry.nbytes,
+            entry.created_unix,
+            origin,
+            parent,
+            history,
+            made_with,
         )
 
     def __post_init__(self) -> None:

@@ -10,6 +10,7 @@ The app state keeps one (server/state.py): a branch's create asks it before any 
 snapshot routes do.
 """
 
+import hashlib
 import secrets
 from collections import OrderedDict
 from collections.abc import Callable
@@ -29,13 +30,33 @@ class SnapshotBook:
         self.listed_lines = listed_lines  # the lines of the sessions the server still lists
         self.snapshots: dict[str, ServerSnapshot] = {}
         self.gone: OrderedDict[str, tuple[str, str]] = OrderedDict()  # id -> (line, why)
-        self._line_tokens: dict[str, set[str]] = {}  # line -> tokens of its sessions
+        # line -> SHA-256 (hex) of each token of its sessions: what a save keeps on disk, so a line's
+        # tokens open its saves after a restart without the server ever storing a token.
+        self._line_tokens: dict[str, set[str]] = {}
 
     def joined(self, line: str, token: str) -> None:
-        self._line_tokens.setdefault(line, set()).add(token)
+        self._line_tokens.setdefault(line, set()).add(token_sha256(token))
+
+    def joined_hashes(self, line: str, hashes: list[str]) -> None:
+        """A line read back from disk (server/saved_snapshots.py): its tokens as their hashes."""
+        self._line_tokens.setdefault(line, set()).update(hashes)
+
+    def line_hashes(self, line: str) -> list[str]:
+        return sorted(self._line_tokens.get(line, ()))
+
+    def lines_of(self, request: Request) -> set[str]:
+        """The lines the request's bearer holds a token of."""
+        given = _bearer_sha256(request)
+        return {line for line, hashes in self._line_tokens.items() if given in hashes}
 
     def add(self, snapshot: ServerSnapshot) -> None:
         self.snapshots[snapshot.snapshot_id] = snapshot
+
+    def remember_gone(self, snapshot_id: str, line: str, why: str) -> None:
+        """A snapshot its owner should be told is gone, and why (a save found corrupt at start)."""
+        self.gone[snapshot_id] = (line, why)
+        while len(self.gone) > TOMBSTONES_KEPT:
+            self.gone.popitem(last=False)
 
     def forget(self, snapshot_id: str, why: str) -> None:
         gone = self.snapshots.pop(snapshot_id, None)
@@ -51,12 +72,11 @@ class SnapshotBook:
             del self._line_tokens[line]
 
     def owns(self, line: str, request: Request) -> bool:
-        given = request.headers.get("authorization", "")
-        return any(_bearer_matches(given, token) for token in self._line_tokens.get(line, ()))
+        # Hashes compared, not tokens: the time a comparison takes says nothing of a token.
+        return _bearer_sha256(request) in self._line_tokens.get(line, ())
 
     def any_line(self, request: Request) -> bool:
-        given = request.headers.get("authorization", "")
-        return any(_bearer_matches(given, t) for tokens in self._line_tokens.values() for t in tokens)
+        return bool(self.lines_of(request))
 
     def authorize(
         self, snapshot_id: str, request: Request, api_token: str | None, catalog: SnapshotCatalog
@@ -85,3 +105,12 @@ class SnapshotBook:
 
 def _bearer_matches(given: str, token: str) -> bool:
     return secrets.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {token}".encode())
+
+
+def token_sha256(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _bearer_sha256(request: Request) -> str:
+    given = request.headers.get("authorization", "")
+    return token_sha256(given.removeprefix("Bearer ")) if given.startswith("Bearer ") else ""

@@ -1,6 +1,7 @@
 """Snapshots: save a world, start branches from it, rewind to it.
 
     POST   /v1/sessions/{id}/snapshots          save the session's whole generation state (201 SnapshotInfo)
+    GET    /v1/snapshots                        the snapshots of the bearer's lines (the web page's strip)
     GET    /v1/snapshots/{snapshot}             what it is, where it is kept
     DELETE /v1/snapshots/{snapshot}             forget it
     POST   /v1/sessions {"snapshot": ID}        a new session that continues from it (a branch; WHEP:
@@ -22,17 +23,22 @@ the session it was taken from and every session branched from that line, and any
 
 The engine's catalog (workers/runtime/snapshot_catalog.py) keeps them within
 WORLDRTC_SNAPSHOT_BUDGET_GIB of host memory, least recently used evicted first (spilled to
-WORLDRTC_SNAPSHOT_SPILL_DIR when it is set). One the memory plan says cannot fit is refused before
+WORLDRTC_SNAPSHOT_SPILL_DIR when it is set). With WORLDRTC_SNAPSHOT_DIR, each is saved to disk as
+it is taken and outlives the server (server/saved_snapshots.py): its memory is freed once written,
+and a branch reads its parts from the files. One the memory plan says cannot fit is refused before
 any copy (507 `snapshot_too_large`); asking for one that was evicted says so (410 `snapshot_gone`).
 """
 
+import asyncio
+import contextlib
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 
-from server.dependencies import SessionDep, StateDep
-from server.errors import Forbidden, Gone, InsufficientStorage, NotFound
+from server.dependencies import SessionDep, StateDep, bearer_is
+from server.errors import Forbidden, Gone, InsufficientStorage, NotFound, Unauthorized, Unavailable
 from server.protocol import RestoreRequest, SessionInfo, SnapshotInfo
+from server.saved_snapshots import SavedSnapshots
 from server.session import ServerSession
 from server.session_info import session_info
 from server.snapshot import ServerSnapshot
@@ -47,9 +53,10 @@ def snapshot_url(state: AppState, snapshot_id: str) -> str:
 
 
 def snapshot_info(state: AppState, snapshot: ServerSnapshot) -> dict[str, Any]:
-    """A snapshot kept by this server's engine: the model, weights, placement and thread count it was
-    taken with are the server's (snapshots do not outlive its workers)."""
+    """A snapshot kept by this server's engine, with the model, weights, placement and thread count
+    it was made with (a save read back from disk may have been made with others)."""
     entry = state.engine.snapshots.get(snapshot.snapshot_id)
+    made = snapshot.made_with
     return SnapshotInfo(
         snapshot_id=snapshot.snapshot_id,
         session_id=snapshot.session_id,
@@ -59,10 +66,10 @@ def snapshot_info(state: AppState, snapshot: ServerSnapshot) -> dict[str, Any]:
         created=snapshot.created,
         where=entry.where.value,
         parent=snapshot.parent,
-        model=state.preset.name,
-        weights=state.weights_digest,
-        placement=state.placement.name,
-        intra_op_threads=state.placement.cpu_threads_per_worker,
+        model=made.model,
+        weights=made.weights,
+        placement=made.placement,
+        intra_op_threads=made.intra_op_threads,
         snapshot_url=snapshot_url(state, snapshot.snapshot_id),
     ).model_dump()
 
@@ -80,7 +87,48 @@ async def take_snapshot(state: AppState, session: ServerSession) -> ServerSnapsh
         )
     snapshot = await session.snapshot(SNAPSHOT_WAIT_S)
     state.snapshot_book.add(snapshot)
+    if state.saves is not None:
+        await save_to_disk(state, state.saves, snapshot)
     return snapshot
+
+
+async def save_to_disk(state: AppState, saves: SavedSnapshots, snapshot: ServerSnapshot) -> None:
+    """Write a new snapshot under WORLDRTC_SNAPSHOT_DIR (server/saved_snapshots.py): the workers
+    their parts, then the server its metadata and manifest; then the oldest saves past the quota go.
+    A save that cannot be written is dropped whole (503), never left half-written."""
+    loop = asyncio.get_running_loop()
+    written: asyncio.Future[str | None] = loop.create_future()
+
+    def settle(error: str | None) -> None:
+        if not written.done():  # a late answer after the wait gave up
+            written.set_result(error)
+
+    def on_done(error: str | None) -> None:  # the engine's scheduler thread
+        loop.call_soon_threadsafe(settle, error)
+
+    snapshot_id = snapshot.snapshot_id
+    state.engine.keep_snapshot(snapshot_id, saves.directory, on_done)
+    try:
+        error = await asyncio.wait_for(written, SNAPSHOT_WAIT_S)
+        if error is None:
+            hashes = state.snapshot_book.line_hashes(snapshot.origin.line)
+            await asyncio.to_thread(saves.write, snapshot, state.made_with, hashes)
+    except (TimeoutError, OSError) as exc:
+        error = str(exc) or f"the workers did not write it within {SNAPSHOT_WAIT_S:g} s"
+    if error is not None:
+        forget(state, snapshot_id, "could not be saved to disk")
+        raise Unavailable(f"the snapshot could not be saved to disk: {error}", retry_after_s=2)
+    for old in saves.over_quota():
+        forget(state, old, "was removed to keep the saves within WORLDRTC_SNAPSHOT_DIR_QUOTA_GIB")
+
+
+def forget(state: AppState, snapshot_id: str, why: str) -> None:
+    """Drop a snapshot everywhere: the workers' parts, the book (its owners told `why`), its save."""
+    with contextlib.suppress(SnapshotGone):
+        state.engine.drop_snapshot(snapshot_id)
+    state.snapshot_book.forget(snapshot_id, why)
+    if state.saves is not None:
+        state.saves.remove(snapshot_id)
 
 
 def snapshot_for(snapshot_id: str, request: Request, state: StateDep) -> ServerSnapshot:
@@ -106,18 +154,31 @@ async def get(snapshot: SnapshotDep, state: StateDep) -> dict[str, Any]:
 @router.delete("/v1/snapshots/{snapshot_id}", response_model=SnapshotInfo)
 async def delete(snapshot: SnapshotDep, state: StateDep) -> dict[str, Any]:
     info = snapshot_info(state, snapshot)
-    try:
-        state.engine.drop_snapshot(snapshot.snapshot_id)
-    except SnapshotGone as gone:
-        raise Gone(str(gone)) from None
-    finally:
-        state.snapshot_book.forget(snapshot.snapshot_id, "was deleted")
+    forget(state, snapshot.snapshot_id, "was deleted")
     return info
+
+
+@router.get("/v1/snapshots")
+async def list_saved(request: Request, state: StateDep) -> dict[str, Any]:
+    """The snapshots of the lines the bearer holds a token of (every one for the API token), oldest
+    first: what the web page's strip shows after a reload, saves from before a restart included."""
+    api_token = state.settings.api_token
+    everything = api_token is not None and bearer_is(request, api_token)
+    lines = state.snapshot_book.lines_of(request)
+    if not (everything or lines):
+        raise Unauthorized("send 'Authorization: Bearer <a token of a session>' to list its line's snapshots")
+    listed = []
+    for snapshot in sorted(state.snapshot_book.snapshots.values(), key=lambda s: s.created):
+        if everything or snapshot.origin.line in lines:
+            with contextlib.suppress(SnapshotGone):
+                listed.append(snapshot_info(state, snapshot) | {"line": snapshot.origin.line})
+    return {"snapshots": listed}
 
 
 @router.post("/v1/sessions/{session_id}/restore", response_model=SessionInfo)
 async def restore(body: RestoreRequest, session: SessionDep, request: Request, state: StateDep) -> dict[str, Any]:
     snapshot = state.authorize_snapshot(body.snapshot, request)
+    state.require_compatible(snapshot)
     if snapshot.origin.line != session.origin.line:
         raise Forbidden("the snapshot belongs to another line: start a branch from it instead")
     try:

@@ -69,6 +69,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("DELETE", "/v1/sessions/{session_id}/watch-token"): SESSION,
     ("POST", "/v1/sessions/{session_id}/snapshots"): SESSION,
     ("POST", "/v1/sessions/{session_id}/restore"): SESSION,
+    ("GET", "/v1/snapshots"): LINE,
     ("GET", "/v1/snapshots/{snapshot_id}"): LINE,
     ("DELETE", "/v1/snapshots/{snapshot_id}"): LINE,
     ("GET", "/v1/tickets/{ticket_id}"): TICKET,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from starlette.requests import Request
 
-from server.snapshot import Origin, ServerSnapshot
+from server.snapshot import MadeWith, Origin, ServerSnapshot
 from server.snapshot_book import SnapshotBook
 
 
@@ -16,7 +16,7 @@ def bearer(token: str) -> Request:
 
 def snapshot(snapshot_id: str, line: str) -> ServerSnapshot:
     origin = Origin(np.zeros((8, 8, 3), np.uint8), "", 0, 16, 4, None, line=line)
-    return ServerSnapshot(snapshot_id, line, 3, 100, 0.0, origin, None)
+    return ServerSnapshot(snapshot_id, line, 3, 100, 0.0, origin, None, None, MadeWith("tiny", "w", "cpu", 1))
 
 
 def test_a_line_keeps_its_tokens_while_a_session_or_a_snapshot_needs_them() -> None:

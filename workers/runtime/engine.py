@@ -33,6 +33,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
@@ -48,10 +49,12 @@ from workers.runtime.channel import ChannelConsumer
 from workers.runtime.messages import (
     STAGES,
     DropSnapshot,
+    KeepSnapshot,
     QueryStats,
     Release,
     Reply,
     Shutdown,
+    SnapshotKept,
     SpillSnapshot,
     Stage,
     StageStats,
@@ -72,7 +75,14 @@ from workers.runtime.scheduler import (
     SnapshotDone,
     StageLost,
 )
-from workers.runtime.snapshot_catalog import Move, SnapshotBudget, SnapshotCatalog, SnapshotEntry, new_entry
+from workers.runtime.snapshot_catalog import (
+    Move,
+    SnapshotBudget,
+    SnapshotCatalog,
+    SnapshotEntry,
+    SnapshotGone,
+    new_entry,
+)
 from workers.runtime.spec import FaultSpec, WorkerSpec
 from workers.runtime.supervisor import EngineError, WorkerSupervisor
 from workers.runtime.synthetic import SyntheticModel
@@ -80,6 +90,18 @@ from workers.runtime.synthetic import SyntheticModel
 log = logging.getLogger(__name__)
 LOOP_TICK_S = 0.05  # how often the scheduler thread wakes with nothing to do (deaths ride on sentinels)
 DEFAULT_SNAPSHOT_BUDGET = SnapshotBudget(memory_bytes=4 * 2**30)
+
+
+@dataclass
+class _Keeping:
+    """A snapshot being written to disk: the ranks that have not replied yet, and what went wrong."""
+
+    directory: Path
+    waiting: set[tuple[Stage, int]]
+    errors: list[str]
+    on_done: Callable[[str | None], None]
+
+
 # (the entry, or None and why not): called once per snapshot asked for, on the scheduler thread.
 SnapshotCallback = Callable[[SnapshotEntry | None, str | None], None]
 
@@ -167,6 +189,7 @@ class PipelineEngine:
         self._warming = False
         self.snapshots = SnapshotCatalog(snapshot_budget)
         self._snapshot_waiters: dict[str, SnapshotCallback] = {}  # scheduler thread only
+        self._keeping: dict[str, _Keeping] = {}  # snapshots being written to disk (scheduler thread only)
 
     @property
     def counters(self) -> dict[str, int]:
@@ -225,10 +248,11 @@ class PipelineEngine:
         if self._thread is None:
             raise EngineError("engine not started")
         p = self.preset
-        first_chunk = 0
+        first_chunk, snapshot_dir = 0, None
         if snapshot is not None:
             entry = self.snapshots.use(snapshot)
             chunk_latent_frames, first_chunk = entry.chunk_latent_frames, entry.chunk_index
+            snapshot_dir = None if entry.saved_dir is None else str(entry.saved_dir)
         chunk = chunk_latent_frames or p.chunk_latent_frames
         if image.shape != (p.height_px, p.width_px, 3) or image.dtype != np.uint8:
             raise ValueError(f"image must be {p.height_px}x{p.width_px}x3 uint8 (fit it to the model first)")
@@ -251,6 +275,7 @@ class PipelineEngine:
             on_end=on_end,
             max_chunks=max_chunks,
             snapshot=snapshot,
+            snapshot_dir=snapshot_dir,
             first_chunk=first_chunk,
         )
         self._submit(lambda: self._open(spec))
@@ -267,6 +292,31 @@ class PipelineEngine:
 
         self._submit(request)
         return snapshot_id
+
+    def keep_snapshot(self, snapshot_id: str, directory: Path, on_done: Callable[[str | None], None]) -> None:
+        """Write a kept snapshot's parts to `directory`/<snapshot_id>/ and free their memory; `on_done`
+        gets None once every worker's files are complete (the snapshot is then SAVED), or the error.
+        Called from any thread; `on_done` runs on the scheduler thread."""
+
+        def request() -> None:
+            try:
+                self.snapshots.get(snapshot_id)
+            except SnapshotGone as gone:
+                on_done(str(gone))
+                return
+            ranks = {(stage, rank) for stage, p in self.supervisor.stages.items() for rank in range(len(p.conns))}
+            self._keeping[snapshot_id] = _Keeping(directory, ranks, [], on_done)
+            cmd = KeepSnapshot(snapshot_id, str(directory))
+            for p in self.supervisor.stages.values():
+                for conn in p.conns:
+                    with contextlib.suppress(OSError, BrokenPipeError):
+                        conn.send(cmd)
+
+        self._submit(request)
+
+    def adopt_saved_snapshot(self, entry: SnapshotEntry) -> None:
+        """A snapshot an earlier run saved (its files checked by the caller): sessions may open from it."""
+        self.snapshots.add_saved(entry)
 
     def drop_snapshot(self, snapshot_id: str) -> None:
         """Forget a snapshot (SnapshotGone if it is not kept); its parts are freed in the workers."""
@@ -397,6 +447,9 @@ class PipelineEngine:
         if isinstance(msg, StageStats):
             self._on_stats(stage, rank, msg)
             return
+        if isinstance(msg, SnapshotKept):
+            self._on_kept(stage, rank, msg)
+            return
         self._carry_out(self.scheduler.on_reply(stage, rank, msg, time.perf_counter()))
 
     # ---- losing and restarting stages ----
@@ -520,6 +573,26 @@ class PipelineEngine:
             return
         if on_done is not None:
             on_done(kept, None)
+
+    def _on_kept(self, stage: Stage, rank: int, msg: SnapshotKept) -> None:
+        keeping = self._keeping.get(msg.snapshot_id)
+        if keeping is None:
+            return
+        keeping.waiting.discard((stage, rank))
+        if msg.error is not None:
+            keeping.errors.append(msg.error)
+        if keeping.waiting:
+            return
+        del self._keeping[msg.snapshot_id]
+        if keeping.errors:
+            keeping.on_done("; ".join(keeping.errors))
+            return
+        try:
+            self.snapshots.mark_saved(msg.snapshot_id, keeping.directory)
+        except SnapshotGone as gone:  # deleted while it was written
+            keeping.on_done(str(gone))
+            return
+        keeping.on_done(None)
 
     def _move(self, moves: list[Move]) -> None:
         """Carry out the catalog's decisions on every live worker (scheduler thread)."""

@@ -25,12 +25,14 @@ from workers.runtime.messages import (
     Command,
     DropSnapshot,
     FramesReady,
+    KeepSnapshot,
     OpenSession,
     QueryStats,
     Release,
     Reply,
     SessionClosed,
     SessionOpened,
+    SnapshotKept,
     SnapshotTaken,
     SpillSnapshot,
     Stage,
@@ -108,8 +110,14 @@ class StageHandler:
         if isinstance(msg, SpillSnapshot):
             self.snapshots.spill(msg.snapshot_id, Path(msg.directory))
             return
+        if isinstance(msg, KeepSnapshot):
+            yield self._keep_snapshot(msg)
+            return
         if isinstance(msg, OpenSession) and msg.snapshot is not None:
-            part = self.snapshots.get(msg.snapshot)
+            if msg.snapshot_dir is not None:  # saved: its files are the part
+                part = self.snapshots.load_kept(msg.snapshot, Path(msg.snapshot_dir))
+            else:
+                part = self.snapshots.get(msg.snapshot)
             self.sessions[msg.session_id] = restore(part, self.shared_state(), self.device)
             yield SessionOpened(self.spec.stage, self.spec.rank, msg.session_id, msg.epoch)
             return
@@ -132,6 +140,16 @@ class StageHandler:
             error = f"{stage.value} stage (rank {rank}) could not copy its state: {type(exc).__name__}: {exc}"
             return SnapshotTaken(stage, rank, msg.session_id, msg.epoch, msg.snapshot_id, 0, error)
         return SnapshotTaken(stage, rank, msg.session_id, msg.epoch, msg.snapshot_id, part.nbytes)
+
+    def _keep_snapshot(self, msg: KeepSnapshot) -> SnapshotKept:
+        stage, rank = self.spec.stage, self.spec.rank
+        try:
+            self.snapshots.keep(msg.snapshot_id, Path(msg.directory))
+        except (KeyError, OSError) as exc:  # the save fails, nothing else: the part is kept as it was
+            return SnapshotKept(
+                stage, rank, msg.snapshot_id, f"{stage.value} stage (rank {rank}) could not write it: {exc}"
+            )
+        return SnapshotKept(stage, rank, msg.snapshot_id)
 
     # ---- helpers for subclasses ----
 

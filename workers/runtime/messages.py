@@ -44,6 +44,8 @@ class OpenSession:
     prompt: str = ""  # encode (to encode), dit (the text its receipts name)
     context: TensorRef | None = None  # dit: the session's context (prompt embeddings, CLIP tokens) from encode
     snapshot: str | None = None  # every stage: start from this snapshot's part (no image, prompt or context)
+    # A snapshot saved to disk (KeepSnapshot): its parts are read from `<snapshot_dir>/<snapshot>/`.
+    snapshot_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,15 @@ class SpillSnapshot:
 
 
 @dataclass(frozen=True)
+class KeepSnapshot:
+    """Write a snapshot's part to files in `directory`/<snapshot_id>/ and free its memory: from now
+    on the files are the part (replied with SnapshotKept once they are complete)."""
+
+    snapshot_id: str
+    directory: str
+
+
+@dataclass(frozen=True)
 class Release:
     """Acks forwarded from consumers to the producer that owns the slots."""
 
@@ -153,6 +164,7 @@ Command = (
     | TakeSnapshot
     | DropSnapshot
     | SpillSnapshot
+    | KeepSnapshot
     | Release
     | QueryStats
     | Shutdown
@@ -267,6 +279,16 @@ class SnapshotTaken:
 
 
 @dataclass(frozen=True)
+class SnapshotKept:
+    """A rank's part of a snapshot is written to its files (or could not be: `error`)."""
+
+    stage: Stage
+    rank: int
+    snapshot_id: str
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class StageStats:
     stage: Stage
     rank: int
@@ -300,6 +322,7 @@ Reply = (
     | ChunkDone
     | SessionClosed
     | SnapshotTaken
+    | SnapshotKept
     | StageStats
     | StageFailed
 )

@@ -159,6 +159,7 @@ class SessionSpec:
     on_end: Callable[[str, str | None], None]  # (session id, error or None)
     max_chunks: int | None = None  # chunks this session generates (from first_chunk)
     snapshot: str | None = None  # open from this snapshot's parts instead of the image and prompt
+    snapshot_dir: str | None = None  # a saved snapshot: where its parts' files are
     first_chunk: int = 0  # a snapshot's boundary: the index of the session's first chunk
 
 
@@ -352,8 +353,12 @@ class Scheduler:
                 OpenSession(spec.id, spec.epoch, c, spec.seed, spec.image, spec.prompt)
             )
         else:
-            self.lanes[Stage.ENCODE].queued.append(OpenSession(spec.id, spec.epoch, c, spec.seed, snapshot=snap))
-        self.lanes[Stage.DECODE].queued.append(OpenSession(spec.id, spec.epoch, c, spec.seed, snapshot=snap))
+            self.lanes[Stage.ENCODE].queued.append(
+                OpenSession(spec.id, spec.epoch, c, spec.seed, snapshot=snap, snapshot_dir=spec.snapshot_dir)
+            )
+        self.lanes[Stage.DECODE].queued.append(
+            OpenSession(spec.id, spec.epoch, c, spec.seed, snapshot=snap, snapshot_dir=spec.snapshot_dir)
+        )
         return self._flush()
 
     def snapshot(self, session_id: str, snapshot_id: str) -> list[Effect]:
@@ -644,6 +649,7 @@ class Scheduler:
                     prompt=spec.prompt,
                     context=reply.context,
                     snapshot=spec.snapshot,
+                    snapshot_dir=spec.snapshot_dir,
                 )
             )
         if session.opened == set(STAGES) and session.state is SessionState.OPENING:

@@ -26,7 +26,8 @@ TOMBSTONES_KEPT = 1024
 
 class Where(Enum):
     MEMORY = "memory"
-    DISK = "disk"
+    DISK = "disk"  # spilled: gone with the workers, within the spill budget
+    SAVED = "saved"  # written to the server's snapshot directory: outlives the workers, outside both budgets
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class SnapshotEntry:
     nbytes: int  # every worker's part together
     created_unix: float
     where: Where = Where.MEMORY
+    saved_dir: Path | None = None  # SAVED: the directory whose <snapshot_id>/ holds its parts
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,25 @@ class SnapshotCatalog:
         with self._lock:
             return self._get(snapshot_id)
 
+    def mark_saved(self, snapshot_id: str, directory: Path) -> None:
+        """Every worker wrote its part under `directory` and freed its memory: it counts against
+        neither budget any more, and a stage's loss does not take it."""
+        with self._lock:
+            entry = self._get(snapshot_id)
+            self._entries[snapshot_id] = replace(entry, where=Where.SAVED, saved_dir=directory)
+
+    def add_saved(self, entry: SnapshotEntry) -> None:
+        """A snapshot saved by an earlier run of the server (its files checked by the caller)."""
+        assert entry.where is Where.SAVED and entry.saved_dir is not None
+        with self._lock:
+            self._gone.pop(entry.snapshot_id, None)
+            self._entries[entry.snapshot_id] = entry
+
+    def bury(self, snapshot_id: str, reason: str) -> None:
+        """Tell anyone who asks for `snapshot_id` why it is not kept (a save found corrupt at start)."""
+        with self._lock:
+            self._bury(snapshot_id, reason)
+
     def remove(self, snapshot_id: str, reason: str = "was deleted") -> list[Move]:
         with self._lock:
             self._get(snapshot_id)
@@ -107,8 +128,9 @@ class SnapshotCatalog:
             return [Move(snapshot_id, None)]
 
     def lose_all(self, reason: str) -> list[Move]:
+        """The workers' parts are gone: every snapshot but the saved ones (their files are the parts)."""
         with self._lock:
-            ids = list(self._entries)
+            ids = [i for i, e in self._entries.items() if e.where is not Where.SAVED]
             for snapshot_id in ids:
                 self._bury(snapshot_id, reason)
             return [Move(i, None) for i in ids]

@@ -89,6 +89,22 @@ class SnapshotStore:
             return
         held.path, held.part = path, None
 
+    def keep(self, snapshot_id: str, directory: Path) -> None:
+        """Write the part to `directory`/<snapshot_id>/<name> and free it: a saved snapshot's parts
+        are its files from now on (`load_kept`). Raises SnapshotPartMissing or OSError."""
+        held = self._held.get(snapshot_id)
+        if held is None:
+            raise SnapshotPartMissing(f"{self.name} holds no part of snapshot {snapshot_id}")
+        held.done.wait()
+        path = directory / snapshot_id / self.name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        (held.part or StatePart.load(held.path)).save(path)  # type: ignore[arg-type]
+        self.drop(snapshot_id)
+
+    def load_kept(self, snapshot_id: str, directory: Path) -> StatePart:
+        """This worker's part of a snapshot saved under `directory` (by this server or an earlier run)."""
+        return StatePart.load(directory / snapshot_id / self.name)
+
     def drop(self, snapshot_id: str) -> None:
         held = self._held.pop(snapshot_id, None)
         if held is None:

@@ -8,7 +8,7 @@ import numpy as np
 
 from server.session_spec import SessionSpec
 from server.settings import Settings
-from server.snapshot import Origin, ServerSnapshot
+from server.snapshot import MadeWith, Origin, ServerSnapshot
 from workers.chunk_geometry import chunk_num_frames
 from workers.models.presets import get_preset
 
@@ -29,7 +29,7 @@ def test_defaults_come_from_the_model_and_the_shorter_limit_wins() -> None:
 def test_a_branch_goes_on_with_its_lines_start() -> None:
     line_image = np.full((4, 4, 3), 7, np.uint8)
     origin = Origin(line_image, "the line's prompt", 11, 12, 2, "harbour", line="first")
-    snapshot = ServerSnapshot("snap", "first", 3, 1024, 0.0, origin, None)
+    snapshot = ServerSnapshot("snap", "first", 3, 1024, 0.0, origin, None, None, MadeWith("tiny", "w", "cpu", 1))
     spec = SessionSpec.resolve(PRESET, Settings(), IMAGE, "ignored", 0, None, 30, 5, "town", snapshot)
     assert spec.image is line_image
     assert (spec.prompt, spec.seed, spec.scene, spec.fps, spec.chunk_latent_frames) == (
