@@ -26,7 +26,7 @@ and only the world model is not; `--max-sessions 1`, so a second session waits i
   is refused in the server's words; when the driver stops, the spectator is told the world has ended.
 - Snapshots: Save (key P, which steers nothing) keeps the world and adds a thumbnail of the video to
   the strip; Branch starts a new session from it in place of the live one (the HUD names its parent)
-  and the strip outlives the session it was saved in; Rewind takes the live session back to a
+  and the strip outlives the session it was saved in, and a reload of the page; Rewind takes the live session back to a
   snapshot on the same connection (the `rewound` message) and it plays on; × forgets one. A server
   without snapshots gets a sentence, and the session streams on.
 """
@@ -109,10 +109,11 @@ def wait_streaming(page: Any) -> None:
     assert state["state"] == "streaming", state["error"]
 
 
-def stop(page: Any) -> None:
+def stop(page: Any, close: bool = True) -> None:
     page.locator("#stop-btn").click()
     page.wait_for_function("() => window.worldrtc.state === 'closed'", timeout=5_000)
-    page.context.close()
+    if close:
+        page.context.close()
 
 
 def no_page_errors(errors: list[str]) -> None:
@@ -709,7 +710,14 @@ def test_snapshots_branch_a_new_session_and_rewind_the_live_one(
     page.wait_for_function("() => window.worldrtc.snapshots.length === 1", timeout=5_000)
     assert hook(page)["snapshots"][0]["snapshot_id"] == mine["snapshot_id"]
     assert not page.locator("#message").evaluate("m => m.classList.contains('error')")
-    stop(page)
+    stop(page, close=False)
+
+    # A reload keeps the strip: the page remembers its lines' tokens and lists their snapshots.
+    page.reload()
+    page.wait_for_function("() => window.worldrtc.snapshots.length === 1", timeout=10_000)
+    assert hook(page)["snapshots"][0]["snapshot_id"] == mine["snapshot_id"]
+    assert page.locator("#snapshots").is_visible()
+    page.context.close()
     no_page_errors(errors)
 
 

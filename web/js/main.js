@@ -36,7 +36,7 @@ import { readSpectatorLink } from "./link.js";
 import { adoptLimits, createBody, renderScenes, wireStartImage } from "./scenes.js";
 import { restart, start, stop, teardown } from "./session.js";
 import { wireShare } from "./share.js";
-import { save, wireSnapshots } from "./snapshots.js";
+import { restoreStrip, save, wireSnapshots } from "./snapshots.js";
 import { showEvents, wirePrompts } from "./prompts.js";
 import { leave, leaveNow, watch, watchAgain } from "./spectator.js";
 import { app, hook } from "./state.js";
@@ -54,6 +54,7 @@ async function loadModel() {
     adoptControls(app.modelInfo);
     adoptLimits(app.modelInfo);
     showEvents(app.modelInfo.events);
+    restoreStrip(); // the saves of earlier visits, in the background
   } catch (err) {
     if (err instanceof ApiError && err.status === 401) {
       el.modelName.textContent = "this server needs an API token";

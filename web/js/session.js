@@ -16,7 +16,7 @@ import {
 } from "./peer.js";
 import { hideShare, showShare, showWatching } from "./share.js";
 import { waitInLine } from "./waiting.js";
-import { app, heldKeys, hook } from "./state.js";
+import { app, heldKeys, hook, rememberLineToken } from "./state.js";
 import { setState, showMessage, showModel, updateControls } from "./status.js";
 
 // ---- client timings (the server's limits arrive with GET /v1/model) ----
@@ -83,7 +83,7 @@ export async function start(body, startedAt, { isReconnect = false, line = null 
     s.url = created.session_url || `/v1/sessions/${encodeURIComponent(s.id)}`;
     s.token = created.token || null;
     s.line = line || s.id;
-    if (s.token) app.lineTokens.set(s.line, s.token); // the newest of the line: its sessions may be gone
+    if (s.token) rememberLineToken(s.line, s.token); // the newest of the line: its sessions may be gone
     s.snapshotsUrl = created.snapshots_url || `${s.url}/snapshots`;
     showParent(created.parent, s.id);
     app.recorded = { url: s.url, token: s.token, id: s.id };

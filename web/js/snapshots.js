@@ -4,7 +4,9 @@
 // chose to keep), and a thumbnail opens two actions: Branch (a new session that goes on from it, in
 // place of this one) and Rewind (this session goes back to it, on the same connection); × forgets it.
 // The strip outlives the sessions: a snapshot opens with the token of any session of its line
-// (state.js lineTokens), so those of a session that has ended stay usable by its branches.
+// (state.js lineTokens), so those of a session that has ended stay usable by its branches. It
+// outlives the page too: on load it lists the snapshots of the lines this browser remembers
+// (GET /v1/snapshots), those a server with WORLDRTC_SNAPSHOT_DIR kept across a restart included.
 // Wire formats: server/protocol.py (SnapshotInfo, RestoreRequest, RewoundMsg).
 
 import { ApiError, api, describeApiError } from "./api.js";
@@ -76,6 +78,36 @@ function grabFrame() {
 }
 
 // ---------------------------------------------------------------- the strip
+
+// On load: the snapshots of the lines this browser drove before, oldest first, as placeholders
+// (their pictures were drawn in another visit). A line the server no longer knows is forgotten.
+export async function restoreStrip() {
+  const found = [];
+  for (const [line, token] of app.lineTokens) {
+    try {
+      const listed = await api("GET", "/v1/snapshots", undefined, token);
+      for (const info of listed.snapshots || []) found.push({ info, line: info.line || line });
+    } catch (_) { /* the server forgot the line (restarted without saves, or it ended long ago) */ }
+  }
+  found.sort((a, b) => a.info.created - b.info.created);
+  for (const { info, line } of found) {
+    if (!snaps.some((s) => s.info.snapshot_id === info.snapshot_id)) add(info, line, placeholder(info));
+  }
+}
+
+function placeholder(info) {
+  const canvas = document.createElement("canvas");
+  canvas.width = THUMB_WIDTH_PX;
+  canvas.height = Math.round(THUMB_WIDTH_PX * 9 / 16);
+  const ctx = canvas.getContext("2d");
+  ctx.fillStyle = "#1b2030";
+  ctx.fillRect(0, 0, canvas.width, canvas.height);
+  ctx.fillStyle = "#9aa3b5";
+  ctx.font = "11px sans-serif";
+  ctx.textAlign = "center";
+  ctx.fillText(`saved · chunk ${info.chunk_index}`, canvas.width / 2, canvas.height / 2 + 4);
+  return canvas;
+}
 
 function formatBytes(n) {
   if (typeof n !== "number" || !Number.isFinite(n) || n < 0) return "size unknown";

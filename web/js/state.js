@@ -42,6 +42,11 @@ export const hook = {
 };
 window.worldrtc = hook;
 
+// Line tokens live in localStorage too: after a reload, or a restart of a server that keeps its saves
+// on disk, the Snapshots strip lists the saves of the lines this browser drove (snapshots.js).
+const LINES_KEY = "worldrtc.lines";
+const LINES_KEPT = 20; // the newest lines this browser remembers
+
 export const app = {
   modelInfo: null, // GET /v1/model
   recorded: null, // { url, token, id } of the last session created: what the download buttons fetch
@@ -51,11 +56,28 @@ export const app = {
   lastLine: null, // the line the last create continued (a branch's), for reconnects
   // A line is a session and every branch of it: a snapshot opens, and a branch is created, only with
   // the bearer of a session of its own line. Line (the first session's id) → its newest session's token.
-  lineTokens: new Map(),
+  lineTokens: readLineTokens(),
   // A server bound beyond loopback wants an API token on its REST routes. It comes from the form or
   // from the page address (#token=…), and lives in sessionStorage (see readApiToken in api.js).
   apiToken: "",
 };
+
+function readLineTokens() {
+  try {
+    const pairs = JSON.parse(window.localStorage.getItem(LINES_KEY) || "[]");
+    return new Map(Array.isArray(pairs) ? pairs.filter((p) => Array.isArray(p) && p.length === 2) : []);
+  } catch (_) {
+    return new Map(); // storage off (a private window) or unreadable: this visit's lines only
+  }
+}
+
+export function rememberLineToken(line, token) {
+  app.lineTokens.delete(line);
+  app.lineTokens.set(line, token); // the newest last
+  try {
+    window.localStorage.setItem(LINES_KEY, JSON.stringify([...app.lineTokens].slice(-LINES_KEPT)));
+  } catch (_) { /* storage off: the tokens live as long as the page */ }
+}
 
 // True until the server says otherwise: the static help (and an older server) offer the mouse.
 export function lookAccepted() {
