@@ -10,15 +10,15 @@ of tickets costs the driver.
     python -m benchmarks.waiting_room --short --out runs/waiting_room-short.json
 
 Phase 1, turns (one server per hand-over mode, `--max-sessions 1 --max-turn-s … --turn-handover MODE`).
-`--clients` people arrive `--arrival-interval-s` apart, each a `worldrtc.Session(url, poll_s=…)` that
-waits in line (polling its ticket) and then connects. Once streaming, each holds W and drives until
-its `done` (turn_over: someone waits), except the last, who drives `--last-drive-s` and leaves.
-While in line, a person watches the world: from the first answer of its ticket that carries a
-`watch_url`, a spectator (`Session.watching`) of that session; when a later answer names another
-session (the previous turn ended and the next driver streams), a new spectator of that one; all
-closed when the ticket is ready. Every client runs in this process. They all come from 127.0.0.1,
-where real people come from addresses of their own, so the server is started with
-`--queue-per-client` at the number of clients.
+`--clients` people arrive `--arrival-interval-s` apart on average (seeded, 0.2 to 1.8 times it),
+each a `worldrtc.Session(url, poll_s=…)` that waits in line (polling its ticket) and then connects.
+Once streaming, each holds W and drives until its `done` (turn_over: someone waits), except the
+last, who drives `--last-drive-s` and leaves. While in line, a person watches the world: from the
+first answer of its ticket that carries a `watch_url`, a spectator (`Session.watching`) of that
+session; when a later answer names another session (the previous turn ended and the next driver
+streams), a new spectator of that one; all closed when the ticket is ready. Every client runs in
+this process. They all come from 127.0.0.1, where real people come from addresses of their own, so
+the server is started with `--queue-per-client` at the number of clients.
 
 Per mode:
 
@@ -31,6 +31,7 @@ Per mode:
   by the session's chunk messages, a repeat is no frame) over its first to last frame, over the frame
   rate; and how much of each person's time in line had video at all (hand-overs have none);
 - the first estimate: |the 202's `estimated_wait_s` − the actual wait| (arrival → `ready` answer);
+  beside it, every answer's estimate against the wait left when it came;
 - the turns: held (ready → `done`), driving (first frame → `done`), the `turn_ending` lead (received →
   `done`, against its `seconds_left`), and each driver's own unique FPS (what any spectator can get
   at most); in `continue`, how many chunks the last driver saw after the snapshot its successor's
@@ -54,6 +55,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import random
 import shlex
 import sys
 import time
@@ -93,6 +95,7 @@ class TurnsConfig:
     turn_warning_s: float
     last_drive_s: float
     poll_s: float
+    seed: int = 0  # of the arrival intervals
 
     def server_args(self, mode: str) -> list[str]:
         return [
@@ -160,7 +163,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
     p.add_argument("--serve", default=None, help=f"arguments of `python -m server` (default {' '.join(FULL.serve)!r})")
     p.add_argument("--modes", default=None, help="hand-over modes, comma-separated (default fresh,continue)")
     p.add_argument("--clients", type=int, default=None, help="people who arrive and take turns (default 6)")
-    p.add_argument("--arrival-interval-s", type=float, default=None, help="between two arrivals (default 0.5)")
+    p.add_argument("--arrival-interval-s", type=float, default=None, help="mean between two arrivals (default 0.5)")
+    p.add_argument("--seed", type=int, default=0, help="of the arrival intervals (0.2 to 1.8 times the mean)")
     p.add_argument("--max-turn-s", type=float, default=None, help="the server's turn (default 20)")
     p.add_argument("--turn-warning-s", type=float, default=None, help="turn_ending this long before (default 10)")
     p.add_argument("--last-drive-s", type=float, default=None, help="how long the last person drives (default 5)")
@@ -185,6 +189,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         pick(args.turn_warning_s, t.turn_warning_s),
         pick(args.last_drive_s, t.last_drive_s),
         pick(args.poll_s, t.poll_s),
+        args.seed,
     )
     crowd = CrowdConfig(pick(args.pollers, c.pollers), pick(args.window_s, c.window_s))
     if turns.clients < 2 or crowd.pollers < 1:
@@ -310,11 +315,16 @@ async def take_a_turn(url: str, cfg: TurnsConfig, index: int) -> Person:
 
 
 async def run_turns(url: str, cfg: TurnsConfig) -> list[Person]:
-    async def arrive(index: int) -> Person:
-        await asyncio.sleep(index * cfg.arrival_interval_s)
+    async def arrive(index: int, at_s: float) -> Person:
+        await asyncio.sleep(at_s)
         return await take_a_turn(url, cfg, index)
 
-    people = [asyncio.create_task(arrive(i)) for i in range(cfg.clients)]
+    # Arrival intervals of 0.2 to 1.8 times the mean, seeded: each client's polls then fall at a phase
+    # of their own, as people's do. At equal intervals the phases are locked to each other and to the
+    # chunk clock (a 1 s chunk, a 1 s poll), and every hand-over would wait the same part of a poll.
+    rng = random.Random(cfg.seed)
+    steps = [0.0] + [cfg.arrival_interval_s * rng.uniform(0.2, 1.8) for _ in range(cfg.clients - 1)]
+    people = [asyncio.create_task(arrive(i, at)) for i, at in enumerate(itertools.accumulate(steps))]
     try:
         return list(await asyncio.wait_for(asyncio.gather(*people), cfg.timeout_s))
     finally:
@@ -328,7 +338,7 @@ def _spread(values: list[float]) -> dict[str, float | None]:
     return {"p50": s["p50"], "mean": s["mean"], "min": min(values) if values else None, "max": s["max"]}
 
 
-def turn_record(p: Person) -> dict[str, Any]:
+def turn_record(p: Person, t0: float) -> dict[str, Any]:
     run = p.session.run
     endings = run.turn_endings
     done_t = p.end_t
@@ -336,6 +346,7 @@ def turn_record(p: Person) -> dict[str, Any]:
     driving = _viewer(run)
     return {
         "index": p.index,
+        "arrived_s": p.arrival_t - t0,  # after the first
         "waited_s": p.ready_t - p.arrival_t,
         "first_estimate_s": run.waits[0][1]["estimated_wait_s"] if run.waits else None,
         "polls": len(run.waits),
@@ -381,7 +392,14 @@ def turns_figures(people: list[Person], mode: str) -> dict[str, Any]:
         for p in in_line
         if p.session.run.waits[0][1]["state"] == "waiting"
     ]
-    turns = [turn_record(p) for p in sorted(people, key=lambda p: p.index)]
+    every = [
+        abs(a["estimated_wait_s"] - (p.ready_t - t))
+        for p in in_line
+        for t, a in p.session.run.waits
+        if a["state"] == "waiting"
+    ]
+    t0 = min(p.arrival_t for p in people)
+    turns = [turn_record(p, t0) for p in sorted(people, key=lambda p: p.index)]
     gap_p50 = summarize(gaps)["p50"]
     live_mean = float(np.mean(rates)) if rates else None
     return {
@@ -412,6 +430,8 @@ def turns_figures(people: list[Person], mode: str) -> dict[str, Any]:
             "pass": live_mean is not None and live_mean >= LIVE_VIEW_FRACTION,
         },
         "first_estimate_error_s": _spread(errors),
+        # every answer's estimate against the wait left then: turns measured by then inform it
+        "every_estimate_error_s": _spread(every),
         "turns_held_s": [t["held_s"] for t in turns],
         "turn_ending_lead_s": _spread([t["turn_ending_lead_s"] for t in turns if t["turn_ending_lead_s"] is not None]),
         "turns": turns,
@@ -567,7 +587,8 @@ def headline(result: dict[str, Any]) -> list[str]:
             f"over {v['watches']} watches (mean >= {LIVE_VIEW_FRACTION}) -- {_verdict(v['pass'])}; video for "
             f"{_f(seen['mean'], '.2f')} of the time in line (min {_f(seen['min'], '.2f')}); join -> first frame "
             f"p50 {_f(v['join_s']['p50'])} s",
-            f"  first estimate's error mean {_f(e['mean'], '.1f')} s, max {_f(e['max'], '.1f')} s; "
+            f"  first estimate's error mean {_f(e['mean'], '.1f')} s, max {_f(e['max'], '.1f')} s (every answer's: "
+            f"mean {_f(m['every_estimate_error_s']['mean'], '.1f')} s); "
             f"turn_ending -> done {_f(lead['min'], '.1f')}-{_f(lead['max'], '.1f')} s "
             f"(announced {' '.join(sorted({_f(t['turn_ending_seconds_left'], 'g') for t in m['turns'][:-1]}))} s)",
             "  turns held (s): "

@@ -1,16 +1,19 @@
-"""Rows 32-36: the waiting room (server/waiting_room.py, server/usher.py) under abuse, no-shows,
-shutdown, a killed driver and a crowd that polls.
+"""Rows 32-37: the waiting room (server/waiting_room.py, server/usher.py) under abuse, no-shows,
+shutdown, a killed driver and a crowd that polls; and saves on disk through a crash.
 
 32 ticket flood     30 creates and a poll flood from one address while the one slot is taken
 33 no-show          a ticket's turn comes and its holder never offers
 34 SIGTERM in line  SIGTERM with a driver streaming and the line full
 35 driver killed    the driver's process is killed mid-turn while someone waits
 36 polling crowd    50 tickets polling every second while two drivers stream
+37 SIGKILL, saves   a server killed mid-save and restarted on its snapshot directory (server/saved_snapshots.py)
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import signal
 import time
 from typing import Any
@@ -280,4 +283,90 @@ def polling_crowd(lab: Lab, r: CaseResult) -> None:
         equal("polls answered otherwise than 200", figures.get("not_200"), []),
         *[at_least(f"driver {i} unique fps", v, 0.95 * FPS) for i, v in enumerate(figures.get("unique_fps", []))],
         below("event-loop lag p99 bound", figures.get("lag_p99_bound_s"), LAG_BOUND_S + 1e-9, " s"),
+    ]
+
+
+@case(
+    37,
+    "SIGKILL with saves on disk",
+    "3 saves written, one of them then corrupted by a flipped byte; SIGKILL while a 4th is being saved; restart",
+    "every save intact (GET 200, a branch streams) or reported corrupt by its checksum (410 saying so); "
+    "none half-written: the interrupted one complete or removed",
+)
+def sigkill_with_saves(lab: Lab, r: CaseResult) -> None:
+    saves = lab.log_dir / "saves-37"
+    config = ServerConfig().with_env(snapshot_dir=saves)
+    figures: dict[str, Any] = {}
+    first = start_server(list(config.args), lab.log_dir / "saves-37-first.log", env=dict(config.env))
+    try:
+
+        async def save_then_kill() -> tuple[list[str], str]:
+            driver = await Session(first.url).start()
+            await asyncio.wait_for(driver.next_frame(), 60)
+            assert driver.info is not None
+            token = str(driver.info["token"])
+            ids = [str((await driver.save())["snapshot_id"]) for _ in range(3)]
+            # The 4th save is asked for and the server killed while it is under way.
+            auth = {"authorization": f"Bearer {token}"}
+            async with httpx.AsyncClient(base_url=first.url, timeout=5) as http:
+                pending = asyncio.create_task(
+                    http.post(f"/v1/sessions/{driver.info['session_id']}/snapshots", headers=auth)
+                )
+                await asyncio.sleep(0.05)
+                # The server process alone, as the kernel's OOM killer would: its workers see it go
+                # and exit on their own (row 11), releasing their shared memory.
+                workers = [p.pid for p in psutil.Process(first.proc.pid).children(recursive=True)]
+                os.kill(first.proc.pid, signal.SIGKILL)
+                with contextlib.suppress(httpx.HTTPError):
+                    await pending
+                await asyncio.get_running_loop().run_in_executor(
+                    None, wait_for, lambda: not any(alive(p) for p in workers), 10.0
+                )
+            await driver.close()
+            return ids, token
+
+        ids, token = asyncio.run(save_then_kill())
+    finally:
+        kill_group(first)
+    corrupted = ids[1]
+    part = next((saves / corrupted).glob("*.safetensors"))
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    part.write_bytes(bytes(data))
+    folders_before = sorted(p.name for p in saves.iterdir())
+    second = start_server(list(config.args), lab.log_dir / "saves-37-second.log", env=dict(config.env))
+    try:
+        auth = {"authorization": f"Bearer {token}"}
+        answers = {i: httpx.get(f"{second.url}/v1/snapshots/{i}", headers=auth, timeout=10) for i in ids}
+        figures["answers"] = {
+            i: [a.status_code, a.json().get("where") or a.json().get("message")] for i, a in answers.items()
+        }
+        half_written = [p.name for p in saves.iterdir() if not (p / "manifest.json").is_file()]
+        figures["folders_before_restart"] = len(folders_before)
+        figures["folders_after_restart"] = sorted(p.name for p in saves.iterdir())
+        figures["interrupted_removed"] = "interrupted before it was complete" in second.log.read_text()
+
+        async def branch() -> float | None:
+            t0 = time.perf_counter()
+            s = Session(second.url, snapshot=ids[0], token=token)
+            try:
+                await s.start()
+                await asyncio.wait_for(s.next_frame(), 60)
+                return time.perf_counter() - t0
+            finally:
+                await s.close()
+
+        figures["branch_first_frame_s"] = asyncio.run(branch())
+    finally:
+        kill_group(second)
+    intact = [i for i in ids if i != corrupted]
+    gone = answers[corrupted]
+    r.figures = figures
+    r.checks = [
+        equal("intact saves read back", [answers[i].status_code for i in intact], [200, 200]),
+        equal("where they are", [answers[i].json().get("where") for i in intact], ["saved", "saved"]),
+        equal("the corrupted save", [gone.status_code, gone.json().get("error")], [410, "snapshot_gone"]),
+        holds("reported by its checksum", "checksum" in gone.json().get("message", ""), gone.json().get("message")),
+        equal("half-written saves after the restart", half_written, []),
+        below("a branch of an intact save: its first frame", figures["branch_first_frame_s"], 30.0, " s"),
     ]

@@ -20,7 +20,7 @@ from benchmarks.reliability.harness import CASES, Lab, Size, run_case
 pytestmark = pytest.mark.processes
 
 # Rows whose short size still streams or waits for 11 s or more (slow stage, hang, soak, quota, ...).
-LONG_ROWS = frozenset({7, 9, 13, 14, 15, 20, 21, 22, 23, 27, 28, 29, 30, 31, 35, 36})
+LONG_ROWS = frozenset({7, 9, 13, 14, 15, 20, 21, 22, 23, 27, 28, 29, 30, 31, 35, 36, 37})
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_every_row_of_the_table_has_a_case() -> None:
 
 
 @pytest.mark.parametrize(
-    "number", [pytest.param(n, marks=pytest.mark.long) if n in LONG_ROWS else n for n in range(1, 37)]
+    "number", [pytest.param(n, marks=pytest.mark.long) if n in LONG_ROWS else n for n in range(1, 38)]
 )
 def test_row(number: int, lab: Lab) -> None:
     _check(number, lab)
