@@ -79,9 +79,9 @@ def start_server(
     `entry`: how it is started, after the interpreter (`-m server.cli serve` is `worldrtc serve`)."""
     port = free_port() if port is None else port
     cmd = [sys.executable, *entry, *(("--host", host) if host else ()), "--port", str(port), *args]
-    # No saves on disk unless the caller asks (WORLDRTC_SNAPSHOT_DIR in `env`): a benchmark's or a
-    # test's server neither writes the user's state directory nor reads what another server saved.
-    saves = {"WORLDRTC_SNAPSHOT_DIR": ""}
+    # No saves on disk unless asked for (WORLDRTC_SNAPSHOT_DIR in `env` or the environment): a
+    # benchmark's or a test's server neither writes the user's state directory nor reads another's saves.
+    saves = {} if "WORLDRTC_SNAPSHOT_DIR" in os.environ else {"WORLDRTC_SNAPSHOT_DIR": ""}
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **saves, **(env or {})}
     log.parent.mkdir(parents=True, exist_ok=True)
     repo = Path(__file__).resolve().parents[1]
