@@ -312,17 +312,17 @@ class AppState:
                     f"chunk_frames {body.chunk_frames} does not fit the attention window; use at most {room}"
                 )
         if branch_of is not None:
-            admission = Admission(body, client, branch_of.origin.scene, branch_of.origin.image, branch_of)
-        elif waits:  # decoded now, so that a bad image is told now rather than when its turn comes
-            scene, image = await asyncio.to_thread(start_image, body, self.preset, settings)
-            admission = Admission(body, client, scene, image)
+            scene, image = branch_of.origin.scene, branch_of.origin.image
         else:
-            self._admitting += 1  # holds the slot while the image decodes off the loop
+            # A create that takes a slot holds it while its image decodes off the loop; one that waits
+            # decodes it now too, so that a bad image is told now rather than when its turn comes.
+            holds = 0 if waits else 1
+            self._admitting += holds
             try:
                 scene, image = await asyncio.to_thread(start_image, body, self.preset, settings)
             finally:
-                self._admitting -= 1
-            admission = Admission(body, client, scene, image)
+                self._admitting -= holds
+        admission = Admission(body, client, scene, image, branch_of)
         if waits:
             try:
                 ticket, token = self.waiting_room.join(admission, client, time.monotonic())
