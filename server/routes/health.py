@@ -32,4 +32,6 @@ async def capacityz(state: StateDep) -> dict[str, Any]:
     free = state.free_slots()
     if free == 0:
         raise Full(f"all {state.settings.max_sessions} session slots are in use", retry_after_s=5)
+    if len(state.waiting_room):  # a slot that just freed is the head ticket's, not a new visitor's
+        raise Full(f"{len(state.waiting_room)} people wait for a session slot here", retry_after_s=5)
     return {"free": free, "max_sessions": state.settings.max_sessions}
