@@ -17,6 +17,8 @@ The schema (`RECORDING_SCHEMA`, versioned):
     placement {name, stages}, intra_op_threads, seed, prompt, fps, chunk_latent_frames,
     image {sha256 of the fitted HxWx3 pixels, width, height, png (base64, while the session is listed)},
     chunks [{index, keys, look [dx, dy] px, reset_pose, frames_sha256, prompt? {text, transition_chunks}}],
+    drivers [{session_id, from_chunk}]: whose session generated the chunks from each (a line branched,
+        or a world handed on from driver to driver at a turn's end: `continue`),
     complete (every chunk's digest present), incomplete_reason, video {frames, bytes, complete, reason}
 
 Work off the event loop: the recorder thread hashes each chunk's frames and encodes them into the
@@ -79,6 +81,7 @@ class ChunkEntry:
     reset_pose: bool
     frames_sha256: str | None = None
     prompt: dict[str, Any] | None = None  # a prompt change the DiT took with this chunk
+    session_id: str | None = None  # the session that generated it (the record's `drivers`, not per chunk)
 
     def record(self) -> dict[str, Any]:
         # No frame count: the chunk geometry gives it (workers/chunk_geometry.py), and a minute of a
@@ -133,7 +136,8 @@ class SessionRecording:
 
     def control_taken(self, index: int, control: ChunkControl, reset_pose: bool) -> None:
         """The control chunk `index` starts with, as the DiT will consume it (scheduler thread)."""
-        entry = ChunkEntry(index, sorted(control.keys), [control.look_dx_px, control.look_dy_px], reset_pose)
+        look = [control.look_dx_px, control.look_dy_px]
+        entry = ChunkEntry(index, sorted(control.keys), look, reset_pose, session_id=self.session_id)
         with self._lock:
             self._chunks[index] = entry
 
@@ -187,7 +191,8 @@ class SessionRecording:
         call: call it off the event loop."""
         r = self.recipe
         with self._lock:
-            chunks = [self._chunks[i].record() for i in sorted(self._chunks)]
+            entries = [self._chunks[i] for i in sorted(self._chunks)]
+            chunks = [e.record() for e in entries]
             incomplete = self._incomplete
         done = [c for c in chunks if c["frames_sha256"] is not None]
         image = {
@@ -212,6 +217,7 @@ class SessionRecording:
             "image": image,
             # Only chunks whose frames were generated: a chunk started when the session closed has none.
             "chunks": done,
+            "drivers": drivers(entries),
             "complete": incomplete is None,
             "incomplete_reason": incomplete,
             "video": {
@@ -299,6 +305,15 @@ class SessionRecording:
             if self._incomplete is None:
                 self._incomplete, self._incomplete_from = reason, index
         log.warning("session %s: recording incomplete: %s", self.session_id, reason)
+
+
+def drivers(entries: list[ChunkEntry]) -> list[dict[str, Any]]:
+    """Each driver's span of a line: the session that generated the chunks from `from_chunk` on."""
+    spans: list[dict[str, Any]] = []
+    for e in entries:
+        if not spans or spans[-1]["session_id"] != e.session_id:
+            spans.append({"session_id": e.session_id, "from_chunk": e.index})
+    return spans
 
 
 def _compact(value: float) -> float | int:

@@ -58,11 +58,18 @@ async def test_a_turn_ends_only_while_someone_waits_and_the_slot_goes_to_them(
         assert said[-1]["state"] == "ready"
         assert WARNING_S <= took_s < WARNING_S + 6, took_s
         parent = second.run.ready and second.run.ready.get("parent")
-        if handover == "continue":  # the same world, from where the last turn left it
+        spans = (await second.recording())["drivers"]
+        assert first.info is not None and second.info is not None
+        if handover == "continue":  # the same world, from where the last turn left it: one line, two drivers
             assert parent is not None and parent["chunk_index"] > 0, second.run.ready
             assert min(c["index"] for c in second.run.chunks) == parent["chunk_index"]
+            assert spans == [
+                {"session_id": first.info["session_id"], "from_chunk": 0},
+                {"session_id": second.info["session_id"], "from_chunk": parent["chunk_index"]},
+            ]
         else:
             assert parent is None and min(c["index"] for c in second.run.chunks) == 0
+            assert spans == [{"session_id": second.info["session_id"], "from_chunk": 0}]
     finally:
         await second.close()
         await first.close()
