@@ -74,8 +74,10 @@ def snapshot_info(state: AppState, snapshot: ServerSnapshot) -> dict[str, Any]:
     ).model_dump()
 
 
-async def take_snapshot(state: AppState, session: ServerSession) -> ServerSnapshot:
-    """Save `session` at its next chunk boundary; raises what the client should be told."""
+async def take_snapshot(state: AppState, session: ServerSession, *, to_disk: bool = True) -> ServerSnapshot:
+    """Save `session` at its next chunk boundary (and to disk, with saves on, unless `to_disk` is
+    False: a turn's hand-over needs it only until the next driver's session opens from it); raises
+    what the client should be told."""
     budget = int(state.settings.snapshot_budget_gib * 2**30)
     if budget == 0:
         raise NotFound("this server keeps no snapshots (WORLDRTC_SNAPSHOT_BUDGET_GIB=0)")
@@ -87,7 +89,7 @@ async def take_snapshot(state: AppState, session: ServerSession) -> ServerSnapsh
         )
     snapshot = await session.snapshot(SNAPSHOT_WAIT_S)
     state.snapshot_book.add(snapshot)
-    if state.saves is not None:
+    if state.saves is not None and to_disk:
         await save_to_disk(state, state.saves, snapshot)
     return snapshot
 

@@ -129,7 +129,7 @@ class Usher:
         self._ends_at.pop(session.id, None)
         if self.state.settings.turn_handover is TurnHandover.CONTINUE:
             try:
-                self._handover = await take_snapshot(self.state, session)
+                self._handover = await take_snapshot(self.state, session, to_disk=False)
             except (ServerError, SnapshotGone) as exc:  # the next person starts their own world instead
                 log.warning("session %s: its world could not be saved for the next driver: %s", session.id, exc)
         self.state.metrics.turns_over.inc()
