@@ -8,9 +8,11 @@ One task per app, woken by the app state's doorbell (a slot freed, a ticket join
    within the connect window drops it (`no_show`, its slot passes on); one whose connect failed
    puts its ticket back at the head, once;
 3. turns (max_turn_s): while someone waits, the longest-held sessions past their turn are told
-   `turn_ending` turn_warning_s ahead, then end with `turn_over`. With nobody waiting, turns go on.
-   In the `continue` hand-over the world is saved first (a snapshot at the next chunk boundary)
-   and the next ticket's session branches from it: the same world, a new driver;
+   `turn_ending` turn_warning_s ahead, then end with `turn_over` when announced. With nobody
+   waiting, turns go on. In the `continue` hand-over the world is saved first (a snapshot at the
+   next chunk boundary, asked for two chunks ahead of the turn's end so that the end comes on time)
+   and the next ticket's session branches from it: the same world, a new driver. A turn's end runs
+   as a task of its own: the rounds go on while its snapshot is taken;
 4. free slots go to the head of the line, each as a session whose offer deadline is the
    connect window.
 
@@ -23,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 
 from server.errors import ServerError
 from server.phase import Phase
@@ -33,11 +36,13 @@ from server.snapshots import take_snapshot
 from server.state import AppState
 from server.turn_handover import TurnHandover
 from server.waiting_room import DropReason, Ticket
+from workers.chunk_geometry import video_frames
 from workers.runtime.snapshot_catalog import SnapshotGone
 
 log = logging.getLogger("worldrtc.usher")
 
 TICK_S = 0.25  # the longest a deadline waits past its time
+SNAPSHOT_LEAD_CHUNKS = 2  # a snapshot waits for the next chunk boundary: at most this many chunks
 # A connect that fails before the first frame (not a no-show, not the holder's own stop) sends the
 # ticket back to the head once.
 CONNECT_FAILURES = frozenset(
@@ -50,7 +55,9 @@ class Usher:
         self.state = state
         self.room = state.waiting_room
         self._ends_at: dict[str, float] = {}  # session id -> when its announced turn ends (monotonic)
-        self._handover: ServerSnapshot | None = None  # `continue`: the world the next ticket takes over
+        self._ending: dict[str, asyncio.Task[None]] = {}  # session id -> its turn's end under way
+        # `continue`: the worlds of ended turns, each for the next ticket seated (oldest first).
+        self._handovers: deque[ServerSnapshot] = deque()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -58,10 +65,10 @@ class Usher:
 
     async def stop(self) -> None:
         """At shutdown: no more seating; every ticket still in line or seated is told the server stopped."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        tasks = [t for t in (self._task, *self._ending.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         now = time.monotonic()
         for ticket in [*self.room.waiting(), *self.room.ready()]:
             self._drop(ticket, DropReason.SERVER_SHUTDOWN, now)
@@ -114,26 +121,48 @@ class Usher:
         # nobody waits) go on, their announcement forgotten.
         due, going_on = driving[:waiting], driving[waiting:]
         for session in going_on:
-            self._ends_at.pop(session.id, None)
+            if session.id not in self._ending:
+                self._ends_at.pop(session.id, None)
         for session in due:
+            if session.id in self._ending:
+                continue
             ends_at = self._ends_at.get(session.id)
             if ends_at is None:
                 turn_end = session.created_t + settings.max_turn_s
                 if now >= turn_end - settings.turn_warning_s:
-                    ends_at = self._ends_at[session.id] = max(turn_end, now + settings.turn_warning_s)
+                    # Never less notice than the hand-over needs (a warning shorter than two chunks).
+                    notice_s = max(settings.turn_warning_s, self._lead_s(session))
+                    ends_at = self._ends_at[session.id] = max(turn_end, now + notice_s)
                     session.turn_ending(ends_at - now)
-            elif now >= ends_at:
-                await self._end_turn(session)
+            elif now >= ends_at - self._lead_s(session):
+                self._ending[session.id] = asyncio.get_running_loop().create_task(
+                    self._end_turn(session, ends_at), name=f"usher-end-turn-{session.id}"
+                )
 
-    async def _end_turn(self, session: ServerSession) -> None:
-        self._ends_at.pop(session.id, None)
-        if self.state.settings.turn_handover is TurnHandover.CONTINUE:
-            try:
-                self._handover = await take_snapshot(self.state, session, to_disk=False)
-            except (ServerError, SnapshotGone) as exc:  # the next person starts their own world instead
-                log.warning("session %s: its world could not be saved for the next driver: %s", session.id, exc)
-        self.state.metrics.turns_over.inc()
-        await session.close(EndReason.TURN_OVER, "your turn is over: the next person in line takes the world")
+    def _lead_s(self, session: ServerSession) -> float:
+        """How long before its announced end a turn's hand-over starts: in `continue`, the snapshot
+        waits for the next chunk boundary (up to SNAPSHOT_LEAD_CHUNKS chunks ahead), so it is asked for
+        that much earlier and the turn still ends when announced."""
+        if self.state.settings.turn_handover is not TurnHandover.CONTINUE:
+            return 0.0
+        spec = session.spec
+        return SNAPSHOT_LEAD_CHUNKS * video_frames(spec.chunk_latent_frames, first_chunk=False) / spec.fps
+
+    async def _end_turn(self, session: ServerSession, ends_at: float) -> None:
+        """Its own task, so that the usher's rounds go on meanwhile (the snapshot may take chunks)."""
+        try:
+            if self.state.settings.turn_handover is TurnHandover.CONTINUE:
+                try:
+                    self._handovers.append(await take_snapshot(self.state, session, to_disk=False))
+                except (ServerError, SnapshotGone) as exc:  # the next person starts their own world instead
+                    log.warning("session %s: its world could not be saved for the next driver: %s", session.id, exc)
+            await asyncio.sleep(max(0.0, ends_at - time.monotonic()))  # the driver keeps the time it was told
+            self.state.metrics.turns_over.inc()
+            await session.close(EndReason.TURN_OVER, "your turn is over: the next person in line takes the world")
+        finally:
+            self._ending.pop(session.id, None)
+            self._ends_at.pop(session.id, None)
+            self.state.doorbell.set()  # its slot is free: seat the head ticket now
 
     def _seat(self, now: float) -> None:
         state = self.state
@@ -141,8 +170,8 @@ class Usher:
             return
         while (ticket := self.room.head()) is not None and state.free_slots() > 0:
             admission = ticket.admission
-            if self._handover is not None:
-                admission, self._handover = admission.continuing(self._handover), None
+            if self._handovers:  # the worlds of turns that ended, in the order they ended
+                admission = admission.continuing(self._handovers.popleft())
             try:
                 session = state.open_session(admission, offer_timeout_s=state.settings.connect_window_s)
             except (ServerError, ValueError) as exc:

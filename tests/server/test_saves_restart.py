@@ -66,7 +66,11 @@ async def test_a_save_branches_the_same_after_sigterm_and_sigkill_and_other_weig
         server = serve(tmp_path, f"after-{how.name}", saves)
         try:
             info = httpx.get(f"{server.url}/v1/snapshots/{saved['snapshot_id']}", headers=_bearer(token)).json()
-            assert (info["where"], info["chunk_index"], info["weights"]) == ("saved", saved["chunk_index"], saved["weights"])
+            assert (info["where"], info["chunk_index"], info["weights"]) == (
+                "saved",
+                saved["chunk_index"],
+                saved["weights"],
+            )
             listed = httpx.get(f"{server.url}/v1/snapshots", headers=_bearer(token)).json()["snapshots"]
             assert [s["snapshot_id"] for s in listed] == [saved["snapshot_id"]]
             assert httpx.get(f"{server.url}/v1/snapshots/{saved['snapshot_id']}").status_code == 401
