@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import time
 from typing import Any
@@ -289,7 +290,8 @@ def polling_crowd(lab: Lab, r: CaseResult) -> None:
 @case(
     37,
     "SIGKILL with saves on disk",
-    "3 saves written, one of them then corrupted by a flipped byte; SIGKILL while a 4th is being saved; restart",
+    "3 saves written; SIGKILL while a 4th is being saved; one save corrupted by a flipped byte and one left "
+    "without its manifest (a crash mid-write); restart",
     "every save intact (GET 200, a branch streams) or reported corrupt by its checksum (410 saying so); "
     "none half-written: the interrupted one complete or removed",
 )
@@ -333,6 +335,12 @@ def sigkill_with_saves(lab: Lab, r: CaseResult) -> None:
     data = bytearray(part.read_bytes())
     data[len(data) // 2] ^= 0xFF
     part.write_bytes(bytes(data))
+    # What a crash between the workers' part files and the server's manifest leaves (the kill above
+    # lands wherever the 4th save is; this makes the case certain): parts without a manifest.
+    interrupted = saves / "0123456789abcdef"
+    interrupted.mkdir()
+    for f in (saves / ids[0]).glob("*.safetensors"):
+        shutil.copy(f, interrupted / f.name)
     folders_before = sorted(p.name for p in saves.iterdir())
     second = start_server(list(config.args), lab.log_dir / "saves-37-second.log", env=dict(config.env))
     try:
@@ -368,5 +376,6 @@ def sigkill_with_saves(lab: Lab, r: CaseResult) -> None:
         equal("the corrupted save", [gone.status_code, gone.json().get("error")], [410, "snapshot_gone"]),
         holds("reported by its checksum", "checksum" in gone.json().get("message", ""), gone.json().get("message")),
         equal("half-written saves after the restart", half_written, []),
+        holds("the interrupted save removed, and said so", figures["interrupted_removed"] and not interrupted.exists()),
         below("a branch of an intact save: its first frame", figures["branch_first_frame_s"], 30.0, " s"),
     ]
