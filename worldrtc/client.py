@@ -48,7 +48,8 @@ from worldrtc.frames import ContentIds, ReceivedFrame, glass_to_glass_s, prompt_
 SYNTHETIC = "synthetic"  # the model whose frames carry their own frame numbers
 CONTROL_TYPES = ("control", "control_state", "look", "reset_pose")
 OPEN_TIMEOUT_S = 20.0  # answer applied -> control channel open
-FIRST_FRAME_TIMEOUT_S = 120.0  # watch-only: answer applied -> first frame (a big model's first chunk)
+FIRST_FRAME_TIMEOUT_S = 120.0
+HEAD_POLL_S = 0.5  # the waiting room: how often the ticket at the head of the line polls  # watch-only: answer applied -> first frame (a big model's first chunk)
 
 
 class ClientError(RuntimeError):
@@ -221,7 +222,8 @@ class Session:
                 self.ticket = None
                 session: dict[str, Any] = ticket["session"]
                 return session
-            await asyncio.sleep(self.poll_s)
+            # The head of the line polls faster (within the server's 2 a second): its seat may come any moment.
+            await asyncio.sleep(self.poll_s if ticket["position"] > 1 else min(self.poll_s, HEAD_POLL_S))
             r = await self.http.get(self.ticket["poll_url"], headers=auth)
             if r.status_code == 429:  # polled too fast: the server says when to come back
                 await asyncio.sleep(float(r.headers.get("retry-after", "1")))

@@ -74,9 +74,12 @@ export async function start(body, startedAt, { isReconnect = false, line = null 
     let created = await api("POST", "/v1/sessions", body, line ? app.lineTokens.get(line) : undefined);
     if (created.ticket_id) {
       // Every seat is taken: wait in line (waiting.js), then go on with the session the ticket gets.
-      created = await waitInLine(s, created);
-      if (!created || !alive(s)) return;
-      setState("connecting", "Your turn: connecting…");
+      const ready = await waitInLine(s, created);
+      if (!ready || !alive(s)) return;
+      created = ready.session;
+      // The seat is kept for connect_by_s: the page connects at once and says how long it has.
+      const within = Math.max(1, Math.floor(ready.connect_by_s || 0));
+      setState("connecting", `Your turn! Connecting (the seat is kept ${within} s)…`);
     }
     s.id = created.session_id;
     // Behind a balancer the session lives on one node: its routes are the URLs the create returned.

@@ -11,10 +11,12 @@ import { app, hook } from "./state.js";
 import { setState } from "./status.js";
 
 const POLL_MS = 1500; // within the server's 2 polls a second; a ticket unpolled for 30 s is dropped
+const HEAD_POLL_MS = 500; // the head of the line: its seat may come any moment
 const ICE_GATHER_TIMEOUT_MS = 5000;
 
-// `s`: the session (session.js) that waits; `ticket`: the 202's body. Resolves to the session's
-// create answer, or null once `s` is no longer the page's (stopped, replaced): the ticket is left.
+// `s`: the session (session.js) that waits; `ticket`: the 202's body. Resolves to the ticket's ready
+// answer ({session: the create answer, connect_by_s}), or null once `s` is no longer the page's
+// (stopped, replaced): the ticket is left.
 export async function waitInLine(s, ticket) {
   const token = ticket.ticket_token;
   let preview = null;
@@ -26,7 +28,7 @@ export async function waitInLine(s, ticket) {
     for (;;) {
       if (ticket.state !== "waiting") {
         hook.queue = null;
-        return ticket.session;
+        return ticket;
       }
       hook.queue = { position: ticket.position, waiting: ticket.waiting, estimatedWaitS: ticket.estimated_wait_s };
       setState("waiting", describe(ticket, preview));
@@ -36,7 +38,7 @@ export async function waitInLine(s, ticket) {
         preview = await openPreview(s, new URL(ticket.watch_url, window.location.href).href, ticket.watch_token);
         setState("waiting", describe(ticket, preview));
       }
-      await new Promise((resolve) => setTimeout(resolve, POLL_MS));
+      await new Promise((resolve) => setTimeout(resolve, ticket.position === 1 ? HEAD_POLL_MS : POLL_MS));
       if (!alive(s)) {
         leave(pollUrl, token);
         return null;
