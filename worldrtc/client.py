@@ -48,8 +48,8 @@ from worldrtc.frames import ContentIds, ReceivedFrame, glass_to_glass_s, prompt_
 SYNTHETIC = "synthetic"  # the model whose frames carry their own frame numbers
 CONTROL_TYPES = ("control", "control_state", "look", "reset_pose")
 OPEN_TIMEOUT_S = 20.0  # answer applied -> control channel open
-FIRST_FRAME_TIMEOUT_S = 120.0
-HEAD_POLL_S = 0.5  # the waiting room: how often the ticket at the head of the line polls  # watch-only: answer applied -> first frame (a big model's first chunk)
+FIRST_FRAME_TIMEOUT_S = 120.0  # watch-only: answer applied -> first frame (a big model's first chunk)
+HEAD_POLL_S = 0.5  # the waiting room: how often the ticket at the head of the line polls
 
 
 class ClientError(RuntimeError):
