@@ -38,13 +38,14 @@ def _check(number: int, lab: Lab) -> None:
     assert result.passed, f"{result.report()}\nserver logs: {lab.log_dir}"
 
 
+ROWS = range(1, 38)
+
+
 def test_every_row_of_the_table_has_a_case() -> None:
-    assert sorted(CASES) == list(range(1, 32))
+    assert sorted(CASES) == list(ROWS)
 
 
-@pytest.mark.parametrize(
-    "number", [pytest.param(n, marks=pytest.mark.long) if n in LONG_ROWS else n for n in range(1, 38)]
-)
+@pytest.mark.parametrize("number", [pytest.param(n, marks=pytest.mark.long) if n in LONG_ROWS else n for n in ROWS])
 def test_row(number: int, lab: Lab) -> None:
     _check(number, lab)
 
