@@ -366,7 +366,7 @@ def sigkill_with_saves(lab: Lab, r: CaseResult) -> None:
 
         figures["branch_first_frame_s"] = asyncio.run(branch())
     finally:
-        kill_group(second)
+        second.stop()  # its own clean stop: the workers release their shared memory
     intact = [i for i in ids if i != corrupted]
     gone = answers[corrupted]
     r.figures = figures
