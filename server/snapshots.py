@@ -180,7 +180,7 @@ async def list_saved(request: Request, state: StateDep) -> dict[str, Any]:
 @router.post("/v1/sessions/{session_id}/restore", response_model=SessionInfo)
 async def restore(body: RestoreRequest, session: SessionDep, request: Request, state: StateDep) -> dict[str, Any]:
     snapshot = state.authorize_snapshot(body.snapshot, request)
-    state.require_compatible(snapshot)
+    state.shelf.require_compatible(snapshot, state.made_with)
     if snapshot.origin.line != session.origin.line:
         raise Forbidden("the snapshot belongs to another line: start a branch from it instead")
     try:

@@ -19,7 +19,6 @@ from server.admission import Admission
 from server.errors import (
     BadRequest,
     Busy,
-    Conflict,
     Draining,
     Loading,
     QueueFull,
@@ -34,12 +33,13 @@ from server.phase import Phase
 from server.protocol import CreateSessionRequest, EndReason
 from server.rate_limit import PerClientLimiter, client_address
 from server.recording_store import RecordingStore
-from server.saved_snapshots import SavedSnapshots, Scan
-from server.session import ACTIVE, ServerSession, SessionState
+from server.saved_snapshots import SavedSnapshots
+from server.session import ACTIVE, ServerSession
 from server.session_spec import SessionSpec
 from server.settings import Settings
 from server.snapshot import MadeWith, ServerSnapshot
 from server.snapshot_book import SnapshotBook
+from server.snapshot_shelf import SnapshotShelf
 from server.start_image import start_image
 from server.waiting_room import QueueConfig, Ticket, WaitingRoom
 from workers.models.loading import model_events
@@ -47,7 +47,7 @@ from workers.models.weights_digest import weights_digest
 from workers.runtime.engine import PipelineEngine
 from workers.runtime.memory_plan import check_fits, machine_capacity
 from workers.runtime.placement import get_placement
-from workers.runtime.snapshot_catalog import SnapshotBudget, SnapshotEntry, SnapshotGone, Where
+from workers.runtime.snapshot_catalog import SnapshotBudget
 from workers.runtime.synthetic import SYNTHETIC, resolve_model
 
 log = logging.getLogger("worldrtc.server")
@@ -124,6 +124,7 @@ class AppState:
             if settings.snapshot_dir is None
             else SavedSnapshots(settings.snapshot_dir, int(settings.snapshot_dir_quota_gib * 2**30))
         )
+        self.shelf = SnapshotShelf(self.snapshot_book, self.engine, self.saves)
         # What recordings name the weights by (server/recording.py); read from the files while loading.
         self.weights_digest = SYNTHETIC if synthetic is not None else ""
         # The world events the weights learned (their model card's `events`: name -> prompt), for the
@@ -176,7 +177,7 @@ class AppState:
             await asyncio.to_thread(self.engine.start)
             await asyncio.to_thread(self.engine.warm_up)
             if self.saves is not None:
-                self._read_saves(await asyncio.to_thread(self.saves.scan))
+                self.shelf.read_saves(await asyncio.to_thread(self.saves.scan))
         except Exception as exc:
             self.load_error = str(exc)
             self.engine_failed(f"it did not start: {self.load_error}")
@@ -192,52 +193,6 @@ class AppState:
         """What this server's snapshots are made with (a branch must run on the same)."""
         p = self.placement
         return MadeWith(self.preset.name, self.weights_digest, p.name, p.cpu_threads_per_worker)
-
-    def _read_saves(self, scan: Scan) -> None:
-        """At start: the saves an earlier run left (server/saved_snapshots.py) are snapshots again,
-        their lines' tokens (as hashes) opening them; a corrupt one answers its owner 410 saying so."""
-        for save in scan.found:
-            snap = save.snapshot
-            self.snapshot_book.joined_hashes(snap.origin.line, save.token_sha256)
-            self.snapshot_book.add(snap)
-            entry = SnapshotEntry(
-                snap.snapshot_id,
-                snap.session_id,
-                snap.chunk_index,
-                save.chunk_latent_frames,
-                snap.nbytes,
-                snap.created,
-                Where.SAVED,
-                save.directory,
-            )
-            self.engine.adopt_saved_snapshot(entry)
-        for snapshot_id, (line, hashes, why) in scan.corrupt.items():
-            self.snapshot_book.joined_hashes(line, hashes)
-            self.snapshot_book.remember_gone(snapshot_id, line, f"is corrupt on disk: {why}")
-            self.engine.snapshots.bury(snapshot_id, f"is corrupt on disk: {why}")
-        log.info(
-            "saved snapshots in %s: %d read back, %d corrupt, %d interrupted and removed",
-            self.settings.snapshot_dir,
-            len(scan.found),
-            len(scan.corrupt),
-            len(scan.removed),
-        )
-
-    def is_saved(self, snapshot_id: str) -> bool:
-        """The snapshot is kept on disk under WORLDRTC_SNAPSHOT_DIR (it outlives the server)."""
-        try:
-            return self.engine.snapshots.get(snapshot_id).where is Where.SAVED
-        except SnapshotGone:
-            return False
-
-    def require_compatible(self, snapshot: ServerSnapshot) -> None:
-        """A branch or rewind reproduces the snapshot only on what it was made with: 409 naming what differs."""
-        differs = snapshot.made_with.differences(self.made_with)
-        if differs:
-            raise Conflict(
-                f"snapshot {snapshot.snapshot_id} was saved with {'; '.join(differs)}: a branch here would not "
-                "continue it as it was; serve it with the same weights, placement and threads"
-            )
 
     def active_sessions(self) -> int:
         return sum(s.state in ACTIVE for s in self.sessions.values())
@@ -288,7 +243,7 @@ class AppState:
                     f"a branch continues its snapshot's {', '.join(sorted(given))}: send 'snapshot' without them"
                 )
             branch_of = self.authorize_snapshot(body.snapshot, request)
-            self.require_compatible(branch_of)
+            self.shelf.require_compatible(branch_of, self.made_with)
         wait_s = self.create_limiter.take(client, time.monotonic())
         if wait_s is not None:
             self.metrics.sessions_refused.labels("rate_limited").inc()
@@ -369,27 +324,9 @@ class AppState:
             offer_timeout_s=offer_timeout_s,
         )
         self.sessions[session.id] = session
-        self.snapshot_book.joined(session.origin.line, session.token)
-        if admission.branch_of is not None and self.saves is not None:
-            # The line's new token opens its saves after a restart too (a few small files).
-            line, hashes = session.origin.line, self.snapshot_book.line_hashes(session.origin.line)
-            for snap in self.snapshot_book.snapshots.values():
-                if snap.origin.line == line and self.is_saved(snap.snapshot_id):
-                    self.saves.update_tokens(snap.snapshot_id, hashes)
+        self.shelf.joined(session.origin.line, session.token)
         self._forget_when_closed(session)
         return session
-
-    def held_s(self, now: float) -> list[float]:
-        """How long each taken slot has been held (the waiting room's estimate)."""
-        return [now - s.created_t for s in self.sessions.values() if s.state in ACTIVE]
-
-    def watch_target(self) -> ServerSession | None:
-        """The world people in line watch (WORLDRTC_QUEUE_WATCH): the longest-streaming session that
-        admits spectators."""
-        if not self.settings.queue_watch or self.settings.max_spectators_per_session == 0:
-            return None
-        streaming = [s for s in self.sessions.values() if s.state is SessionState.STREAMING and s.audience.watch_token]
-        return min(streaming, key=lambda s: s.created_t, default=None)
 
     async def local_offer(self, sdp: str) -> str:
         """An offer as the server answers it: on loopback, without candidates off this host."""

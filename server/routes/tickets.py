@@ -20,6 +20,7 @@ from server.dependencies import StateDep, bearer_is
 from server.errors import Draining
 from server.phase import Phase
 from server.protocol import EndReason, TicketInfo
+from server.session import ACTIVE, ServerSession, SessionState
 from server.state import AppState
 from server.waiting_room import DropReason, Ticket, TicketState
 from server.watch import watch_url
@@ -37,8 +38,8 @@ def ticket_body(state: AppState, ticket: Ticket, now: float) -> dict[str, Any]:
         "poll_url": state.node_url(f"/v1/tickets/{ticket.id}"),
     }
     if ticket.state is TicketState.WAITING:
-        body["estimated_wait_s"] = round(room.estimate_s(ticket, state.held_s(now), state.free_slots()), 1)
-        target = state.watch_target()
+        body["estimated_wait_s"] = round(room.estimate_s(ticket, held_s(state, now), state.free_slots()), 1)
+        target = watch_target(state)
         if target is not None:
             body |= {"watch_url": watch_url(state, target), "watch_token": target.audience.watch_token}
     elif ticket.session_id is not None and (session := state.sessions.get(ticket.session_id)) is not None:
@@ -46,6 +47,21 @@ def ticket_body(state: AppState, ticket: Ticket, now: float) -> dict[str, Any]:
         if ticket.state is TicketState.READY and ticket.ready_t is not None:
             body["connect_by_s"] = round(max(0.0, ticket.ready_t + room.config.connect_window_s - now), 1)
     return TicketInfo.model_validate(body).model_dump(exclude_none=True)
+
+
+def held_s(state: AppState, now: float) -> list[float]:
+    """How long each taken slot has been held (the estimate counts the rest of a typical turn)."""
+    return [now - s.created_t for s in state.sessions.values() if s.state in ACTIVE]
+
+
+def watch_target(state: AppState) -> ServerSession | None:
+    """The world people in line watch (WORLDRTC_QUEUE_WATCH): the longest-streaming session that
+    admits spectators."""
+    settings = state.settings
+    if not settings.queue_watch or settings.max_spectators_per_session == 0:
+        return None
+    streaming = [s for s in state.sessions.values() if s.state is SessionState.STREAMING and s.audience.watch_token]
+    return min(streaming, key=lambda s: s.created_t, default=None)
 
 
 def ticket_for(ticket_id: str, request: Request, state: AppState) -> Ticket:
