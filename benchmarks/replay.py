@@ -53,9 +53,11 @@ from workers.models.checkpoint_files import CheckpointMissing
 from workers.models.kernels import KernelConfig
 from workers.models.presets import DEFAULT_PRESET, PRESETS, ModelPreset
 from workers.models.resolve import resolve_weights
+from workers.models.savings import Savings, add_savings_arguments, savings_from_arguments
 from workers.runtime.memory_plan import machine_capacity, plan_memory
 from workers.runtime.peak_memory import measure_peak_memory
-from workers.runtime.placement import PLACEMENTS, Placement, get_placement
+from workers.runtime.placement import PLACEMENTS, Placement, PlacementError, get_placement
+from workers.runtime.savings_plan import check_savings
 from workers.runtime.synthetic import SYNTHETIC, resolve_model
 from workers.serial_engine import SerialEngine
 
@@ -117,6 +119,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--compile", action="store_true", help="torch.compile the DiT blocks (first chunk compiles)")
     p.add_argument("--deterministic", action="store_true", help="deterministic algorithms (regression runs)")
+    add_savings_arguments(p)
     p.add_argument("--out", type=Path, required=True, help="where to write RUN.json")
     p.add_argument("--video", type=Path, default=None, help="where to write the MP4 (optional)")
     p.add_argument("--frames", type=Path, default=None, help="where to write every frame, uint8 [N, H, W, 3] .npy")
@@ -137,6 +140,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args._preset, args._synthetic = resolve_model(args.model, args.stage_ms, args.synthetic_geometry)
     except ValueError as exc:
         p.error(str(exc))
+    if args._synthetic is None:
+        try:
+            check_savings(savings_for(args), args._preset, placement_for(args), kernels_for(args))
+        except (ValueError, PlacementError) as exc:
+            p.error(str(exc))
     if args._synthetic is not None and args.in_process:
         p.error("the synthetic model runs on the worker processes; drop --in-process")
     if args._synthetic is None and args.recording is None and not args.random_weights:
@@ -158,6 +166,12 @@ def _from_recording(args: argparse.Namespace) -> None:
         args.checkpoint = resolve_weights(PRESETS[args.model], args.checkpoint, args.assets_dir, download=True)
     recorded.check_weights(args.checkpoint, args.weights_seed)
     args._recorded = recorded
+
+
+def savings_for(args: argparse.Namespace) -> Savings:
+    """The flags' savings on top of the recording's (a recording regenerates under what made it)."""
+    recorded = None if args._recorded is None else args._recorded.data.get("savings")
+    return savings_from_arguments(args, Savings.from_record(recorded))
 
 
 def kernels_for(args: argparse.Namespace) -> KernelConfig:
@@ -238,6 +252,7 @@ def _run_in_process(args: argparse.Namespace, trace: Trace, rec: Recorder, prese
         cpu_threads=placement_for(args).cpu_threads_per_worker,
         kernels=kernels_for(args),
         random_weights=args.random_weights,
+        savings=savings_for(args),
     )
     load_s = time.perf_counter() - t0
     t_start = time.perf_counter()
@@ -297,6 +312,7 @@ def _run_pipeline(args: argparse.Namespace, trace: Trace, rec: Recorder, preset:
         synthetic=args._synthetic,
         kernels=kernels_for(args),
         random_weights=args.random_weights,
+        savings=savings_for(args),
     )
     t0 = time.perf_counter()
     engine.start()
@@ -362,7 +378,9 @@ def _run_pipeline(args: argparse.Namespace, trace: Trace, rec: Recorder, preset:
         "engine_counters": stats.get("counters"),
         "slots_in_use_after": {k: v["slots_in_use"] for k, v in stats.get("stages", {}).items()},
         "peak_memory": {k: v["peak_memory"] for k, v in stats.get("stages", {}).items()},
-        "memory_plan": None if args._synthetic else _planned_bytes(preset, placement, kernels_for(args)),
+        "memory_plan": None
+        if args._synthetic
+        else _planned_bytes(preset, placement, kernels_for(args), savings_for(args)),
     }
 
 
@@ -399,10 +417,12 @@ def _row(
     return row
 
 
-def _planned_bytes(preset: ModelPreset, placement: Placement, kernels: KernelConfig) -> dict[str, int]:
+def _planned_bytes(
+    preset: ModelPreset, placement: Placement, kernels: KernelConfig, savings: Savings
+) -> dict[str, int]:
     """What the memory plan expects each worker to hold for this run's one session, to compare with
     its measured peak (host resident set on CPU, allocated bytes on CUDA)."""
-    plan = plan_memory(preset, placement, 1, machine_capacity(), kernels)
+    plan = plan_memory(preset, placement, 1, machine_capacity(), kernels, savings=savings)
     return {w.name: w.total_bytes for d in plan.devices for w in d.workers}
 
 
@@ -478,6 +498,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "frames_sha256": rec.digest.hexdigest(),
         "intra_op_threads": placement_for(args).cpu_threads_per_worker,  # the hash holds for this count
         "kernels": kernels_for(args).record(_dit_device(args)),
+        "savings": savings_for(args).record(),
         "chunks": chunks,
         "environment": environment(torch.device(args.device if args.in_process else "cpu")),
         "request": {k: _request_value(v) for k, v in vars(args).items() if not k.startswith("_")},

@@ -23,6 +23,7 @@ from workers.models.attention_backend import AttentionBackend
 from workers.models.hub import FetchPlan
 from workers.models.presets import DEFAULT_PRESET, PRESETS, ModelPreset
 from workers.models.resolve import resolve_weights
+from workers.models.savings import add_savings_arguments
 
 
 def parse_args(argv: list[str] | None = None) -> dict[str, object]:
@@ -50,7 +51,14 @@ def parse_args(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the DiT blocks at warm-up")
     p.add_argument("--deterministic", action="store_true", default=None, help="deterministic algorithms (slower)")
     p.add_argument("--max-sessions", type=int, help="concurrent sessions (default 2)")
-    p.add_argument("--device-memory-gib", type=float, help="GPU memory the plan may use (default: the device's)")
+    p.add_argument(
+        "--gpu-memory-gib",
+        "--device-memory-gib",
+        dest="device_memory_gib",
+        type=float,
+        help="GPU memory the plan may use (default: the device's); savings are added until the model fits",
+    )
+    add_savings_arguments(p)
     p.add_argument("--host-memory-gib", type=float, help="host memory for CPU placements (default: available)")
     p.add_argument("--fps", type=int, help="video frame rate (default: the model's, 16)")
     p.add_argument(

@@ -71,6 +71,7 @@ class Recipe:
     fps: int
     chunk_latent_frames: int
     image: np.ndarray  # HxWx3 uint8, fitted to the model's resolution
+    savings: dict[str, Any] = field(default_factory=dict)  # Savings.record(): they change the bits
 
 
 @dataclass
@@ -210,6 +211,7 @@ class SessionRecording:
             "weights": r.weights,
             "placement": {"name": r.placement, "stages": r.placement_stages},
             "intra_op_threads": r.intra_op_threads,
+            "savings": r.savings,
             "seed": r.seed,
             "prompt": r.prompt,
             "fps": r.fps,

@@ -171,7 +171,7 @@ class ServerSession:
         self.peer.send(self.ready_message("driver"))
         self._open_t = time.monotonic()
         timeline = SessionTimeline(self._open_t, time.perf_counter())  # the engine's clock: stage times
-        recipe = self.spec.recipe(self.preset, self.engine.placement, self._weights_digest)
+        recipe = self.spec.recipe(self.preset, self.engine.placement, self._weights_digest, self.engine.savings)
         recording = None if self._recordings is None else SessionRecording(self.id, recipe, self._recordings)
         self.line.open(recording, timeline, [] if self._start_from is None else self._start_from.history or [])
         if not self._open_engine_session():
@@ -203,8 +203,7 @@ class ServerSession:
         entry = await self.link.save(wait_s)
         recording = self.line.recording
         history = None if recording is None else await asyncio.to_thread(recording.history, entry.chunk_index)
-        placement = self.engine.placement
-        made_with = MadeWith(self.preset.name, self._weights_digest, placement.name, placement.cpu_threads_per_worker)
+        made_with = MadeWith.of(self.preset.name, self._weights_digest, self.engine.placement, self.engine.savings)
         return ServerSnapshot.of(entry, self.id, self.origin, self.parent, history, made_with)
 
     async def restore(self, snapshot: ServerSnapshot) -> None:

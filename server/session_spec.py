@@ -18,6 +18,7 @@ from server.snapshot import Origin, ServerSnapshot
 from workers.chunk_geometry import chunk_num_frames
 from workers.controls import client_contract
 from workers.models.presets import ModelPreset
+from workers.models.savings import Savings
 from workers.runtime.placement import Placement
 
 
@@ -94,7 +95,7 @@ class SessionSpec:
             parent=parent,
         )
 
-    def recipe(self, preset: ModelPreset, placement: Placement, weights_digest: str) -> Recipe:
+    def recipe(self, preset: ModelPreset, placement: Placement, weights_digest: str, savings: Savings) -> Recipe:
         """What determines the session's frames besides its controls, as its recording states it."""
         return Recipe(
             model=preset.name,
@@ -107,4 +108,5 @@ class SessionSpec:
             fps=self.fps,
             chunk_latent_frames=self.chunk_latent_frames,
             image=self.image,
+            savings=savings.record(),
         )

@@ -14,6 +14,7 @@ from server.turn import TurnConfig
 from server.turn_handover import TurnHandover
 from workers.models.attention_backend import AttentionBackend
 from workers.models.presets import DEFAULT_PRESET
+from workers.models.savings import MAX_VAE_BANDS, Quantization, Savings, VAEDtype
 
 if TYPE_CHECKING:
     from workers.models.kernels import KernelConfig
@@ -47,6 +48,12 @@ class Settings(BaseSettings):
     attention: AttentionBackend = AttentionBackend.AUTO
     compile: bool = False
     deterministic: bool = False
+    # Memory savings (workers/models/savings.py); the server adds more, cheapest first, when the
+    # memory plan needs them to fit (workers/runtime/savings_plan.py), and says which.
+    quantization: Quantization = Quantization.NONE
+    text_encoder_on_cpu: bool = False
+    vae_dtype: VAEDtype = VAEDtype.AUTO
+    vae_bands: int = Field(default=1, ge=1, le=MAX_VAE_BANDS)
     max_sessions: int = Field(default=2, ge=1)
     # Spectators (server/spectator.py) take no generation slot; each costs a peer connection and the
     # packetizing of frames encoded once for the session. 0 turns watching off.
@@ -145,6 +152,10 @@ class Settings(BaseSettings):
         from workers.models.kernels import KernelConfig  # torch: not needed to validate settings
 
         return KernelConfig(self.attention, self.compile, self.deterministic)
+
+    @property
+    def savings(self) -> Savings:
+        return Savings(self.quantization, self.text_encoder_on_cpu, self.vae_dtype, self.vae_bands)
 
     @property
     def turn(self) -> TurnConfig | None:

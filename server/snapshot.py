@@ -11,6 +11,8 @@ from server.errors import Conflict, InsufficientStorage, Unavailable
 from server.protocol import Parent
 from server.recording import ChunkEntry
 from workers.chunk_geometry import chunk_first_frame
+from workers.models.savings import NO_SAVINGS, Savings
+from workers.runtime.placement import Placement
 from workers.runtime.snapshot_catalog import SnapshotEntry
 
 
@@ -35,12 +37,17 @@ class MadeWith:
     weights: str  # workers/models/weights_digest.py
     placement: str
     intra_op_threads: int
+    savings: str = NO_SAVINGS.describe()  # workers/models/savings.py, as the command line names them
+
+    @staticmethod
+    def of(model: str, weights: str, placement: Placement, savings: Savings) -> MadeWith:
+        return MadeWith(model, weights, placement.name, placement.cpu_threads_per_worker, savings.describe())
 
     def differences(self, here: MadeWith) -> list[str]:
         """What differs from `here` (this server), in words; empty when a branch would be bit-exact."""
         return [
             f"{name} {getattr(self, name)} (this server: {getattr(here, name)})"
-            for name in ("model", "weights", "placement", "intra_op_threads")
+            for name in ("model", "weights", "placement", "intra_op_threads", "savings")
             if getattr(self, name) != getattr(here, name)
         ]
 

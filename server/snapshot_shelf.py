@@ -65,7 +65,7 @@ class SnapshotShelf:
         if differs:
             raise Conflict(
                 f"snapshot {snapshot.snapshot_id} was saved with {'; '.join(differs)}: a branch here would not "
-                "continue it as it was; serve it with the same weights, placement and threads"
+                "continue it as it was; serve it with the same weights, placement, threads and savings"
             )
 
     def joined(self, line: str, token: str) -> None:

@@ -45,8 +45,9 @@ from server.waiting_room import QueueConfig, Ticket, WaitingRoom
 from workers.models.loading import model_events
 from workers.models.weights_digest import weights_digest
 from workers.runtime.engine import PipelineEngine
-from workers.runtime.memory_plan import check_fits, machine_capacity
+from workers.runtime.memory_plan import machine_capacity
 from workers.runtime.placement import get_placement
+from workers.runtime.savings_plan import fit_savings
 from workers.runtime.snapshot_catalog import SnapshotBudget
 from workers.runtime.synthetic import SYNTHETIC, resolve_model
 
@@ -69,11 +70,18 @@ class AppState:
         self.preset, synthetic = resolve_model(settings.model, settings.stage_ms, settings.synthetic_geometry)
         placement = get_placement(settings.placement)
         self.snapshot_plan_bytes = 0  # the smallest snapshot as the memory plan counts it (synthetic: tiny)
+        # What runs: the savings asked for, and more (cheapest quality cost first) where the plan needs them.
+        self.savings = settings.savings
         if synthetic is None:
-            # The same plan as `python -m workers.models plan`: a placement that cannot hold the model
-            # and max_sessions fails now, naming the device, the shortfall and what would fit.
+            # The same plan as `worldrtc plan`: a placement that cannot hold the model and max_sessions
+            # even with every saving fails now, naming the device, the shortfall and what would fit.
             capacity = machine_capacity(settings.device_memory_gib, settings.host_memory_gib)
-            plan = check_fits(self.preset, placement, settings.max_sessions, capacity, settings.kernels)
+            choice = fit_savings(
+                self.preset, placement, settings.max_sessions, capacity, settings.kernels, settings.savings
+            )
+            plan, self.savings = choice.plan, choice.savings
+            if self.savings != settings.savings:
+                log.warning("memory plan: to fit, the server adds savings: %s", self.savings.describe())
             for device in plan.devices:
                 log.info("memory plan: %s", device.summary())
             # The smallest a snapshot gets (after the condition encoder's fixed point): over the budget,
@@ -90,6 +98,7 @@ class AppState:
             random_weights=settings.random_weights,
             synthetic=synthetic,
             kernels=settings.kernels,
+            savings=self.savings,
             snapshot_budget=SnapshotBudget(
                 memory_bytes=int(settings.snapshot_budget_gib * 2**30),
                 spill_dir=settings.snapshot_spill_dir,
@@ -191,8 +200,7 @@ class AppState:
     @property
     def made_with(self) -> MadeWith:
         """What this server's snapshots are made with (a branch must run on the same)."""
-        p = self.placement
-        return MadeWith(self.preset.name, self.weights_digest, p.name, p.cpu_threads_per_worker)
+        return MadeWith.of(self.preset.name, self.weights_digest, self.placement, self.savings)
 
     def active_sessions(self) -> int:
         return sum(s.state in ACTIVE for s in self.sessions.values())

@@ -28,9 +28,10 @@ from workers.families.family import ChunkDenoiser, ContextEncoder, ControlTrack,
 from workers.families.registry import family_for
 from workers.images import fit_image, read_image, to_model_range
 from workers.models.checkpoint_files import require_checkpoint
-from workers.models.components import load_vae
+from workers.models.components import Precision, load_vae
 from workers.models.kernels import DEFAULT_KERNELS, KernelConfig, apply_to_process
 from workers.models.presets import ModelPreset, get_preset
+from workers.models.savings import NO_SAVINGS, Savings
 from workers.models.vae import WanVAE
 from workers.session_state import StatePart, capture, restore
 from workers.stages.condition import ImageConditionStream
@@ -131,6 +132,7 @@ class SerialEngine:
         cpu_threads: int = DEFAULT_CPU_THREADS,
         kernels: KernelConfig = DEFAULT_KERNELS,
         random_weights: bool = False,
+        savings: Savings = NO_SAVINGS,
     ) -> SerialEngine:
         """Build the engine. Without a checkpoint, components get seeded random weights.
 
@@ -148,11 +150,13 @@ class SerialEngine:
         ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
         apply_to_process(kernels, dev)
         family = family_for(preset)
+        savings.check(dev)
+        context_device = torch.device("cpu") if savings.text_encoder_on_cpu else dev
         return SerialEngine(
             preset,
-            family.load_dit(preset, dev, ckpt, weights_seed, kernels),
-            load_vae(preset, dev, ckpt, weights_seed),
-            family.load_context_encoder(preset, dev, ckpt, weights_seed),
+            family.load_dit_with(preset, dev, ckpt, weights_seed, kernels, savings),
+            load_vae(preset, dev, ckpt, weights_seed, savings),
+            family.load_context_encoder(preset, context_device, ckpt, weights_seed, Precision.for_device(dev).context),
             dev,
             cpu_threads,
         )

@@ -33,6 +33,8 @@ async def model(state: StateDep) -> dict[str, Any]:
         "placement": state.placement.name,
         "dispatch": settings.dispatch.value,
         "kernels": settings.kernels.record(state.placement.stage_devices("dit")[0]),
+        # The memory savings that run (asked for, or added by the plan to fit), and their flags.
+        "savings": state.savings.record() | {"flags": state.savings.names(), "exact": state.savings.exact},
         "controls": client_contract(),
         "accepts": p.controls.record(),
         "takes_prompt": p.t5 is not None,  # Matrix-Game conditions on the start image only

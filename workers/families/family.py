@@ -34,9 +34,11 @@ import torch.nn as nn
 
 from workers.controls import ChunkControl
 from workers.models.configs import Family
+from workers.models.fp8 import quantize_blocks
 from workers.models.kernels import KernelConfig
 from workers.models.loading import KeyReport
 from workers.models.presets import ModelPreset
+from workers.models.savings import Quantization, Savings
 from workers.parallel.ulysses import SequenceParallel
 
 
@@ -119,10 +121,33 @@ class ModelFamily(ABC):
         """The DiT on `device`, in the device's precision, strictly loaded (or seeded random
         weights without a checkpoint), its attention pointed at `kernels`' backend."""
 
+    def load_dit_with(
+        self,
+        preset: ModelPreset,
+        device: torch.device,
+        checkpoint_dir: Path | None,
+        weights_seed: int,
+        kernels: KernelConfig | None,
+        savings: Savings,
+    ) -> nn.Module:
+        """`load_dit`, then its block weights stored in fp8 under `--quantization fp8`."""
+        dit = self.load_dit(preset, device, checkpoint_dir, weights_seed, kernels)
+        if savings.quantization is Quantization.FP8:
+            if kernels is not None and kernels.compile:
+                raise ValueError("--quantization fp8 and --compile: compile is not supported with fp8 weights yet")
+            quantize_blocks(dit)
+        return dit
+
     @abstractmethod
     def load_context_encoder(
-        self, preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, weights_seed: int = 0
-    ) -> ContextEncoder: ...
+        self,
+        preset: ModelPreset,
+        device: torch.device,
+        checkpoint_dir: Path | None,
+        weights_seed: int = 0,
+        dtype: torch.dtype | None = None,
+    ) -> ContextEncoder:
+        """The context encoder on `device`, in `dtype` (default: the device's precision policy)."""
 
     @abstractmethod
     def context_shape(self, preset: ModelPreset) -> tuple[int, int]:

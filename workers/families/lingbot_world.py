@@ -67,9 +67,14 @@ class LingBotWorld(ModelFamily):
         return apply_to_dit(dit, kernels or DEFAULT_KERNELS, device)
 
     def load_context_encoder(
-        self, preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, weights_seed: int = 0
+        self,
+        preset: ModelPreset,
+        device: torch.device,
+        checkpoint_dir: Path | None,
+        weights_seed: int = 0,
+        dtype: torch.dtype | None = None,
     ) -> PromptEncoder:
-        return PromptEncoder(components.load_text_encoder(preset, device, checkpoint_dir, weights_seed))
+        return PromptEncoder(components.load_text_encoder(preset, device, checkpoint_dir, weights_seed, dtype))
 
     def context_shape(self, preset: ModelPreset) -> tuple[int, int]:
         t5 = components.text_config(preset)

@@ -125,10 +125,15 @@ class MatrixGame(ModelFamily):
         return apply_attention(dit, kernels, device)
 
     def load_context_encoder(
-        self, preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, weights_seed: int = 0
+        self,
+        preset: ModelPreset,
+        device: torch.device,
+        checkpoint_dir: Path | None,
+        weights_seed: int = 0,
+        dtype: torch.dtype | None = None,
     ) -> ImageTokenEncoder:
         config = variant(preset).clip
-        dtype = Precision.for_device(device).context
+        dtype = Precision.for_device(device).context if dtype is None else dtype
         tower = load_component(
             "CLIP",
             lambda: CLIPVisionTower(config),

@@ -4,8 +4,8 @@ python -m workers.models describe PRESET [--json]
 python -m workers.models fetch PRESET [--dry-run]    (into the Hugging Face cache; HF_HOME, HF_HUB_CACHE, HF_TOKEN)
 python -m workers.models verify PRESET [--checkpoint-dir DIR [--assets-dir DIR]]
     (released or diffusers layout, named first; without a directory, the Hugging Face cache)
-python -m workers.models plan PRESET --placement P --max-sessions N [--device-gib 80] [--json]
-python -m workers.models plan PRESET --placement P --fit-gib 24,48,80    (sessions that fit per card size)
+python -m workers.models plan PRESET --placement P --max-sessions N [--gpu-memory-gib 80] [savings] [--json]
+python -m workers.models plan PRESET --placement P --fit-gib 16,24,80    (per card size: the savings it takes, sessions)
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from workers.models.hub import plan_fetch
 from workers.models.loading import KeyReport, state_shapes
 from workers.models.presets import PRESETS, ModelPreset, get_preset
 from workers.models.resolve import resolve_weights
+from workers.models.savings import Savings, add_savings_arguments, savings_from_arguments
 from workers.models.weights_dir import compose
 
 if TYPE_CHECKING:
@@ -80,14 +81,23 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("preset", choices=sorted(PRESETS))
     pl.add_argument("--placement", default="cpu", help="a named placement or a placement .json")
     pl.add_argument("--max-sessions", type=int, default=1)
-    pl.add_argument("--device-gib", type=float, default=None, help="GiB per GPU (default: this machine's, else 80)")
+    pl.add_argument(
+        "--gpu-memory-gib",
+        "--device-gib",
+        dest="device_gib",
+        type=float,
+        default=None,
+        help="GiB per GPU (default: this machine's, else 80)",
+    )
+    add_savings_arguments(pl)
     pl.add_argument("--host-gib", type=float, default=None, help="host memory for CPU placements (default: available)")
     pl.add_argument("--attention", default="auto", help="attention backend (math counts its score matrix)")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
     pl.add_argument(
         "--fit-gib",
         default=None,
-        help="comma-separated card sizes in GiB (e.g. 24,48,80): print how many sessions fit on each instead",
+        help="comma-separated card sizes in GiB (e.g. 16,24,80): print, for each, the cheapest savings that fit "
+        "one session and how many sessions fit with them",
     )
     args = parser.parse_args(argv)
 
@@ -165,6 +175,7 @@ def _plan(args: argparse.Namespace) -> int:
     from workers.models.kernels import KernelConfig
     from workers.runtime.memory_plan import DEFAULT_DEVICE_GIB, machine_capacity, placements_that_fit, plan_memory
     from workers.runtime.placement import PlacementError, get_placement
+    from workers.runtime.savings_plan import check_savings, choose_savings
 
     try:
         placement = get_placement(args.placement)
@@ -173,6 +184,8 @@ def _plan(args: argparse.Namespace) -> int:
         kernels = KernelConfig(attention=AttentionBackend(args.attention))
         if args.max_sessions < 1:
             raise ValueError("--max-sessions must be at least 1")
+        savings = savings_from_arguments(args)
+        check_savings(savings, preset, placement, kernels)
     except (PlacementError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -180,37 +193,63 @@ def _plan(args: argparse.Namespace) -> int:
     if device_gib is None and not torch.cuda.is_available():
         device_gib = DEFAULT_DEVICE_GIB  # no GPU here: plan for the common 80 GB card
     if args.fit_gib is not None:
-        return _fit(preset, placement, kernels, args.fit_gib, args.host_gib)
+        return _fit(preset, placement, kernels, args.fit_gib, args.host_gib, savings)
     capacity = machine_capacity(device_gib, args.host_gib)
-    plan = plan_memory(preset, placement, args.max_sessions, capacity, kernels)
+    plan = plan_memory(preset, placement, args.max_sessions, capacity, kernels, savings=savings)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=1, default=str))
     else:
         print(plan.describe())
         if not plan.fits:
+            choice = choose_savings(preset, placement, args.max_sessions, capacity, kernels, savings)
+            if choice.fits:
+                print(f"fits with savings: {choice.savings.describe()} (worldrtc serve adds them when needed)")
             fit = placements_that_fit(preset, args.max_sessions, capacity, kernels, cuda_device_count=64)
             print("placements that fit: " + (", ".join(f"{p} ({k} session(s))" for p, k in fit) or "none"))
     return 0 if plan.fits else 1
 
 
-def _fit(preset: ModelPreset, placement: Placement, kernels: KernelConfig, sizes: str, host_gib: float | None) -> int:
+def _fit(
+    preset: ModelPreset,
+    placement: Placement,
+    kernels: KernelConfig,
+    sizes: str,
+    host_gib: float | None,
+    savings: Savings,
+) -> int:
     from workers.runtime.memory_plan import GIB, machine_capacity, plan_memory
+    from workers.runtime.savings_plan import choose_savings
 
     try:
         cards = [float(x) for x in sizes.split(",")]
     except ValueError:
         print(f"error: --fit-gib takes comma-separated numbers, got {sizes!r}", file=sys.stderr)
         return 2
-    one = plan_memory(preset, placement, 1, machine_capacity(max(cards), host_gib))
-    fullest = max(d.total_bytes for d in one.devices)
-    print(f"{preset.name} on {placement.name}: one session takes {fullest / GIB:.1f} GiB on its fullest device")
+    one = plan_memory(preset, placement, 1, machine_capacity(max(cards), host_gib), kernels, savings=savings)
+    fullest = max(d.total_bytes for d in one.devices if d.device != "cpu" or placement.name == "cpu")
+    print(
+        f"{preset.name} on {placement.name}: one session takes {fullest / GIB:.1f} GiB on its fullest device "
+        f"(savings: {savings.describe()})"
+    )
     for gib in cards:
         capacity = machine_capacity(gib, host_gib)
-        fitting = 0
-        while fitting < MAX_FIT_SESSIONS and plan_memory(preset, placement, fitting + 1, capacity, kernels).fits:
+        choice = choose_savings(preset, placement, 1, capacity, kernels, savings)
+        if not choice.fits:
+            short = max(d.total_bytes for d in choice.plan.devices if d.shortfall_bytes)
+            print(f"  {gib:g} GiB cards: 0 session(s) (needs {short / GIB:.1f} GiB with every saving)")
+            continue
+        fitting = 1
+        while (
+            fitting < MAX_FIT_SESSIONS
+            and plan_memory(preset, placement, fitting + 1, capacity, kernels, savings=choice.savings).fits
+        ):
             fitting += 1
         more = "+" if fitting == MAX_FIT_SESSIONS else ""
-        print(f"  {gib:g} GiB cards: {fitting}{more} session(s)")
+        needs = max(d.total_bytes for d in choice.plan.devices if d.device != "cpu" or placement.name == "cpu")
+        print(
+            f"  {gib:g} GiB cards: {fitting}{more} session(s), one takes {needs / GIB:.1f} GiB, "
+            f"with savings: {choice.savings.describe()}"
+        )
     return 0
 
 

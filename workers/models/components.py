@@ -6,7 +6,8 @@ components get seeded random weights (the test fixtures' `tiny`).
 
 Precision policy: on CUDA the DiT runs in bf16, the VAE in fp32 and the context encoder (umT5, CLIP)
 in bf16 (as released); on CPU everything is fp32, since CPU bf16 matmuls are slow and lose accuracy
-for no memory win that matters at CPU model sizes.
+for no memory win that matters at CPU model sizes. The memory savings (workers/models/savings.py)
+change the VAE's dtype (`vae_dtype`) and store the DiT's block weights in fp8 (`quantization`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from workers.models.checkpoint_files import tokenizer_path
 from workers.models.dit import WanDiT
 from workers.models.presets import ModelPreset, T5Config
 from workers.models.random_init import init_random_weights
+from workers.models.savings import NO_SAVINGS, Savings
 from workers.models.t5 import TextEncoder, UMT5Encoder
 from workers.models.tokenizer import load_tokenizer
 from workers.models.vae import WanVAE
@@ -35,10 +37,11 @@ class Precision:
     context: torch.dtype  # the context encoder: umT5, or Matrix-Game's CLIP tower
 
     @staticmethod
-    def for_device(device: torch.device) -> Precision:
+    def for_device(device: torch.device, savings: Savings = NO_SAVINGS) -> Precision:
+        vae = savings.vae_dtype.dtype
         if device.type == "cuda":
-            return Precision(dit=torch.bfloat16, vae=torch.float32, context=torch.bfloat16)
-        return Precision(dit=torch.float32, vae=torch.float32, context=torch.float32)
+            return Precision(dit=torch.bfloat16, vae=vae, context=torch.bfloat16)
+        return Precision(dit=torch.float32, vae=vae, context=torch.float32)
 
 
 def text_config(preset: ModelPreset) -> T5Config:
@@ -119,8 +122,15 @@ def load_dit(
     return dit  # type: ignore[return-value]
 
 
-def load_vae(preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, weights_seed: int = 0) -> WanVAE:
-    dtype = Precision.for_device(device).vae
+def load_vae(
+    preset: ModelPreset,
+    device: torch.device,
+    checkpoint_dir: Path | None,
+    weights_seed: int = 0,
+    savings: Savings = NO_SAVINGS,
+) -> WanVAE:
+    """The VAE in the savings' dtype, its full-resolution layers in their height bands."""
+    dtype = Precision.for_device(device, savings).vae
     vae = load_component(
         "VAE",
         lambda: WanVAE(preset.vae),
@@ -132,14 +142,21 @@ def load_vae(preset: ModelPreset, device: torch.device, checkpoint_dir: Path | N
         "vae",
         weights_seed,
     )
-    return vae  # type: ignore[return-value]
+    assert isinstance(vae, WanVAE)
+    vae.set_bands(savings.vae_bands, preset.height_px)
+    return vae
 
 
 def load_text_encoder(
-    preset: ModelPreset, device: torch.device, checkpoint_dir: Path | None, weights_seed: int = 0
+    preset: ModelPreset,
+    device: torch.device,
+    checkpoint_dir: Path | None,
+    weights_seed: int = 0,
+    dtype: torch.dtype | None = None,
 ) -> TextEncoder:
+    """umT5 on `device` in `dtype` (default: the device's precision policy)."""
     config = text_config(preset)
-    dtype = Precision.for_device(device).context
+    dtype = Precision.for_device(device).context if dtype is None else dtype
     model = load_component(
         "umT5",
         lambda: UMT5Encoder(config),

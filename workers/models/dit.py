@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from workers.models.attention import AttendFn, attention_fn
 from workers.models.attention_backend import AttentionBackend
+from workers.models.fp8 import Fp8Linear
 from workers.models.kv_cache import LayerKVCache, SessionKVCache
 from workers.models.presets import DiTConfig
 from workers.models.rope import RopeTables, apply_rope
@@ -67,6 +68,9 @@ class LayerNorm(nn.LayerNorm):
 
 
 def weight_dtype_linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The layer on `x` cast to its compute dtype (an fp8 layer casts to the dtype it was quantized from)."""
+    if isinstance(layer, Fp8Linear):
+        return layer(x)
     assert isinstance(layer, nn.Linear)
     out: torch.Tensor = layer(x.to(layer.weight.dtype))
     return out

@@ -22,11 +22,17 @@ global top/bottom edges still get zeros), and attention gathers keys/values over
 Norms, activations, 1x1 convs, temporal convs and nearest upsampling are per pixel and stay local.
 Conv caches hold only the rank's own rows, i.e. exactly that band of what the unsharded cache holds.
 `shard=None` is the original single-process path, unchanged.
+
+On one device, `WanVAE.bands` > 1 runs the full-resolution layers (the encoder's first two levels,
+the decoder's last two, where nearly all activations are) in that many height bands one after
+another, each computing the halo rows its own rows depend on (workers/models/vae_bands.py). Each
+band keeps causal caches of its own (`VAEStreamState.encoder_band_caches`, `decoder_band_caches`).
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workers.models.presets import VAEConfig
+from workers.models.vae_bands import RowKind, RowStep, max_bands, plan_bands
 from workers.parallel.halo import SpatialShard, split_rows
 
 __all__ = [
@@ -386,7 +393,7 @@ class Resample(nn.Module):
 
 
 def _run_sequence(
-    layers: nn.Sequential, x: torch.Tensor, cache: CacheList, shard: SpatialShard | None = None
+    layers: Iterable[nn.Module], x: torch.Tensor, cache: CacheList, shard: SpatialShard | None = None
 ) -> torch.Tensor:
     for layer in layers:
         if isinstance(layer, CausalConv3d):
@@ -398,6 +405,31 @@ def _run_sequence(
         else:
             x = layer(x)
     return x
+
+
+def _row_step(layer: nn.Module) -> RowStep:
+    """How `layer` maps rows (workers/models/vae_bands.py); attention mixes the whole frame and has none."""
+    if isinstance(layer, CausalConv3d):
+        return RowStep(RowKind.SAME, layer._causal_padding[2])
+    if isinstance(layer, ResidualBlock):
+        return RowStep(RowKind.SAME, sum(_row_step(m).radius for m in layer.residual if isinstance(m, CausalConv3d)))
+    if isinstance(layer, Resample):
+        return RowStep(RowKind.UP, 1) if layer.mode.startswith("upsample") else RowStep(RowKind.DOWN)
+    if isinstance(layer, RMS_norm | nn.SiLU | nn.Dropout | nn.Identity):
+        return RowStep(RowKind.SAME)
+    raise ValueError(f"{type(layer).__name__} cannot run in height bands")
+
+
+def _run_banded(layers: list[nn.Module], x: torch.Tensor, band_caches: list[CacheList]) -> torch.Tensor:
+    """`layers` over `x` in len(band_caches) height bands one after another: the same rows (to float
+    rounding) as one pass, with one band's activations alive at a time."""
+    bands = plan_bands([_row_step(m) for m in layers], x.shape[-2], len(band_caches))
+    kept = []
+    for band, cache in zip(bands, band_caches, strict=True):
+        out = _run_sequence(layers, x[..., band.in_lo : band.in_hi, :], cache)
+        kept.append(out[..., band.keep_lo : band.keep_hi, :].contiguous())  # a copy: the halo rows go now
+        del out
+    return torch.cat(kept, dim=-2)
 
 
 class Encoder3d(nn.Module):
@@ -434,9 +466,21 @@ class Encoder3d(nn.Module):
         )
         self.num_cache_slots = _assign_cache_slots(self)
 
-    def forward(self, x: torch.Tensor, cache: CacheList) -> torch.Tensor:
-        x = _cached_conv(self.conv1, x, cache)
-        x = _run_sequence(self.downsamples, x, cache)
+    @property
+    def banded_layers(self) -> tuple[list[nn.Module], list[nn.Module]]:
+        """(the full-resolution layers bands run: conv1 to the second downsample, the rest)."""
+        layers = list(self.downsamples)
+        resamples = [i for i, m in enumerate(layers) if isinstance(m, Resample)]
+        cut = resamples[1] + 1 if len(resamples) > 1 else len(layers)
+        return [self.conv1, *layers[:cut]], layers[cut:]
+
+    def forward(self, x: torch.Tensor, cache: CacheList, band_caches: list[CacheList] | None = None) -> torch.Tensor:
+        if band_caches:
+            banded, rest = self.banded_layers
+            x = _run_sequence(rest, _run_banded(banded, x, band_caches), cache)
+        else:
+            x = _cached_conv(self.conv1, x, cache)
+            x = _run_sequence(self.downsamples, x, cache)
         x = _run_sequence(self.middle, x, cache)
         return _run_sequence(self.head, x, cache)
 
@@ -478,10 +522,28 @@ class Decoder3d(nn.Module):
         self.head = nn.Sequential(RMS_norm(out_dim, images=False), nn.SiLU(), _conv3x3(out_dim, 3, full_res_kernel_t))
         self.num_cache_slots = _assign_cache_slots(self)
 
-    def forward(self, x: torch.Tensor, cache: CacheList, shard: SpatialShard | None = None) -> torch.Tensor:
+    @property
+    def banded_layers(self) -> tuple[list[nn.Module], list[nn.Module]]:
+        """(the upsampling layers before the bands, the full-resolution layers bands run: from the
+        second-to-last upsample's output to the head)."""
+        layers = list(self.upsamples)
+        resamples = [i for i, m in enumerate(layers) if isinstance(m, Resample)]
+        cut = resamples[-2] + 1 if len(resamples) > 1 else 0
+        return layers[:cut], [*layers[cut:], *self.head]
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cache: CacheList,
+        shard: SpatialShard | None = None,
+        band_caches: list[CacheList] | None = None,
+    ) -> torch.Tensor:
         """One latent frame (or more) -> video frames; with a `shard`, the band of rows it owns."""
         x = _cached_conv(self.conv1, x, cache, shard)
         x = _run_sequence(self.middle, x, cache, shard)
+        if band_caches:
+            before, banded = self.banded_layers
+            return _run_banded(banded, _run_sequence(before, x, cache), band_caches)
         x = _run_sequence(self.upsamples, x, cache, shard)
         return _run_sequence(self.head, x, cache, shard)
 
@@ -497,8 +559,12 @@ class VAEStreamState:
 
     num_encoder_slots: int
     num_decoder_slots: int
+    bands: int = 1  # height bands of the full-resolution layers (WanVAE.bands), fixed for the stream
     encoder_cache: CacheList = field(init=False)
     decoder_cache: CacheList = field(init=False)
+    # Per band, the caches of the banded layers (empty unless bands > 1); the unbanded layers use the above.
+    encoder_band_caches: list[CacheList] = field(init=False)
+    decoder_band_caches: list[CacheList] = field(init=False)
     frames_encoded: int = field(init=False, default=0)  # video frames consumed by encode_stream
     latents_encoded: int = field(init=False, default=0)  # latent frames produced by encode_stream
     latents_decoded: int = field(init=False, default=0)  # latent frames consumed by decode_stream
@@ -518,16 +584,26 @@ class VAEStreamState:
 
     def reset_encoder(self) -> None:
         self.encoder_cache = [None] * self.num_encoder_slots
+        self.encoder_band_caches = self._band_caches(self.num_encoder_slots)
         self.frames_encoded = 0
         self.latents_encoded = 0
         self.encoder_geometry = None
 
     def reset_decoder(self) -> None:
         self.decoder_cache = [None] * self.num_decoder_slots
+        self.decoder_band_caches = self._band_caches(self.num_decoder_slots)
         self.latents_decoded = 0
         self.frames_decoded = 0
         self.decoder_geometry = None
         self.decoder_shard = None
+
+    def _band_caches(self, slots: int) -> list[CacheList]:
+        return [[None] * slots for _ in range(self.bands)] if self.bands > 1 else []
+
+    def cache_tensors(self, direction: str) -> list[torch.Tensor]:
+        """Every cached tensor of one direction ("encoder" or "decoder"), bands included."""
+        lists = [getattr(self, f"{direction}_cache"), *getattr(self, f"{direction}_band_caches")]
+        return [c for cache in lists for c in cache if isinstance(c, torch.Tensor)]
 
 
 class WanVAE(nn.Module):
@@ -554,11 +630,30 @@ class WanVAE(nn.Module):
         # Kept outside the state dict (the checkpoint has no such keys) and outside buffers (a
         # meta-built model loaded with assign=True would leave buffers on meta).
         self._latent_stats: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        # Height bands of the full-resolution layers on one device (a memory saving; 1: one pass).
+        self.bands = 1
 
     # ----------------------------------------------------------------------------- state / helpers
 
     def new_stream_state(self) -> VAEStreamState:
-        return VAEStreamState(self.encoder.num_cache_slots, self.decoder.num_cache_slots)
+        return VAEStreamState(self.encoder.num_cache_slots, self.decoder.num_cache_slots, self.bands)
+
+    def max_bands(self, height_px: int) -> int:
+        """The most height bands frames of `height_px` rows allow, in both directions."""
+        spatial = self.config.spatial_stride
+        enc, _ = self.encoder.banded_layers
+        _, dec = self.decoder.banded_layers
+        # The decoder's banded layers start at the resolution its second-to-last upsample gives.
+        ups = sum(1 for m in dec if isinstance(m, Resample))
+        dec_input = height_px // 2 ** (ups + 1) if ups else height_px // spatial
+        return min(max_bands([_row_step(m) for m in enc], height_px), max_bands([_row_step(m) for m in dec], dec_input))
+
+    def set_bands(self, bands: int, height_px: int) -> None:
+        """Run the full-resolution layers in `bands` height bands; ValueError if the rows do not allow it."""
+        most = self.max_bands(height_px)
+        if not 1 <= bands <= most:
+            raise ValueError(f"--vae-bands {bands}: frames of {height_px} rows allow 1 to {most} bands")
+        self.bands = bands
 
     def latent_stats(self, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-channel (mean, std) as float32 [1, z, 1, 1, 1] tensors on `device`."""
@@ -584,6 +679,8 @@ class WanVAE(nn.Module):
                 f"slots, this VAE needs {self.encoder.num_cache_slots}/{self.decoder.num_cache_slots}; "
                 "create it with new_stream_state()"
             )
+        if state.bands != self.bands:
+            raise ValueError(f"stream state has {state.bands} band(s), this VAE runs {self.bands}")
 
     # ----------------------------------------------------------------------------- streaming
 
@@ -621,7 +718,7 @@ class WanVAE(nn.Module):
         mean, std = self.latent_stats(video.device)
         latents = []
         for lo, hi in bounds:
-            feats = self.encoder(x[:, :, lo:hi], state.encoder_cache)
+            feats = self.encoder(x[:, :, lo:hi], state.encoder_cache, state.encoder_band_caches)
             # conv1 is 1x1x1 so it could run once on the whole chunk; running it per group keeps
             # kernel shapes independent of how the caller split the stream (bit-exact chunking).
             mu = self.conv1(feats)[:, : self.z_dim]  # the log-variance half is unused
@@ -653,6 +750,8 @@ class WanVAE(nn.Module):
         if n < 1 or h < 1 or w < 1:
             raise ValueError(f"latents need at least one frame and pixel, got {tuple(latents.shape)}")
         layout = (0, 1) if shard is None else (shard.rank, shard.world_size)
+        if shard is not None and self.bands > 1:
+            raise ValueError("height bands run on one device; a sharded decode splits rows across ranks already")
         if shard is not None:
             # Collective: a rank with a different band or stream position would hang the halo exchange.
             shard.check_uniform(
@@ -673,7 +772,8 @@ class WanVAE(nn.Module):
         frames = []
         for i in range(n):
             x = self.conv2(z[:, :, i : i + 1])
-            frames.append(self.decoder(x, state.decoder_cache, shard).float().clamp_(-1.0, 1.0))
+            out = self.decoder(x, state.decoder_cache, shard, state.decoder_band_caches)
+            frames.append(out.float().clamp_(-1.0, 1.0))
         video = torch.cat(frames, dim=2)
 
         state.decoder_geometry = (b, h, w)

@@ -27,7 +27,7 @@ class DecodeHandler(StageHandler):
         super().__init__(spec, group)
         self.preset = get_preset(spec.preset)
         ckpt = Path(spec.checkpoint_dir) if spec.checkpoint_dir else None
-        self.vae = load_vae(self.preset, self.device, ckpt, weights_seed=spec.weights_seed)
+        self.vae = load_vae(self.preset, self.device, ckpt, spec.weights_seed, spec.savings)
         self.shard = SpatialShard.from_group(group) if group.is_multi_rank else None
 
     def shared_state(self) -> dict[str, object]:

@@ -37,7 +37,9 @@ class DitHandler(StageHandler):
         self.preset = get_preset(spec.preset)
         ckpt = Path(spec.checkpoint_dir) if spec.checkpoint_dir else None
         self.family = family_for(self.preset)
-        self.dit = self.family.load_dit(self.preset, self.device, ckpt, spec.weights_seed, spec.kernels)
+        self.dit = self.family.load_dit_with(
+            self.preset, self.device, ckpt, spec.weights_seed, spec.kernels, spec.savings
+        )
         self.sp = SequenceParallel(group) if group.is_multi_rank else None
         if self.sp is not None:
             self.sp.validate(self.preset.tokens_per_latent_frame, self.preset.dit.num_heads)

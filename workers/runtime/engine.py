@@ -45,6 +45,7 @@ from workers.controls import ChunkControl
 from workers.models.checkpoint_files import require_checkpoint
 from workers.models.kernels import DEFAULT_KERNELS, KernelConfig
 from workers.models.presets import ModelPreset, get_preset
+from workers.models.savings import NO_SAVINGS, Savings
 from workers.runtime.channel import ChannelConsumer
 from workers.runtime.messages import (
     STAGES,
@@ -61,6 +62,7 @@ from workers.runtime.messages import (
 )
 from workers.runtime.placement import Placement
 from workers.runtime.records import ChunkOutput
+from workers.runtime.savings_plan import check_savings
 from workers.runtime.scheduler import (
     ControlSource,
     Deadlines,
@@ -124,6 +126,7 @@ class PipelineEngine:
         kernels: KernelConfig = DEFAULT_KERNELS,
         random_weights: bool = False,
         snapshot_budget: SnapshotBudget = DEFAULT_SNAPSHOT_BUDGET,
+        savings: Savings = NO_SAVINGS,
     ) -> None:
         """`random_weights`: seeded random weights for a preset that runs on released ones, for timing
         and memory on a machine without its checkpoint (the frames are noise)."""
@@ -141,7 +144,9 @@ class PipelineEngine:
             require_checkpoint(self.preset, checkpoint_dir)  # before any worker builds anything
         for device in placement.stage_devices(Stage.DIT.value):
             kernels.check(device)  # a kernel the DiT's device cannot run fails here, not in a worker
+        check_savings(savings, self.preset, placement)
         self.kernels = kernels
+        self.savings = savings
         self.placement = placement
         self.max_sessions = max_sessions
         devices = {s: placement.stage_devices(s.value) for s in STAGES}
@@ -163,6 +168,7 @@ class PipelineEngine:
                         cpu_threads=placement.cpu_threads_per_worker,
                         output_shards=len(devices[Stage.DECODE]) if s is Stage.DIT else 1,
                         kernels=kernels,
+                        savings=savings,
                         synthetic=synthetic,
                         fault=(faults or {}).get(s),
                     )

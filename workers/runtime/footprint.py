@@ -29,6 +29,7 @@ from workers.chunk_geometry import video_frames
 from workers.controls import ChunkControl
 from workers.determinism import intra_op_threads
 from workers.families.registry import family_for
+from workers.models.fp8 import quantize_blocks
 from workers.models.live_bytes import LiveBytes
 from workers.models.loading import build_on_meta
 from workers.models.presets import ModelPreset
@@ -95,10 +96,16 @@ def _one_thread(fn: F) -> F:
 
 @functools.cache
 @_one_thread
-def dit_footprint(preset: ModelPreset, dtype: torch.dtype, math_attention: bool = False) -> DiTFootprint:
+def dit_footprint(
+    preset: ModelPreset, dtype: torch.dtype, math_attention: bool = False, fp8: bool = False
+) -> DiTFootprint:
+    """`fp8`: block weights stored in float8 (workers/models/fp8.py): each linear widens its weight
+    to `dtype` for its matmul, a transient the chunk's trace sees."""
     family = family_for(preset)
     one_layer = family.one_layer(preset)
     dit, dev = _for_tracing(build_on_meta(family.build_dit(one_layer)), dtype)
+    if fp8:
+        quantize_blocks(dit)
     if not math_attention:
         for module in dit.modules():
             if "attention" in vars(module):  # self, cross and action attention (kernels.apply_attention)
@@ -132,7 +139,8 @@ def dit_footprint(preset: ModelPreset, dtype: torch.dtype, math_attention: bool 
             kept = max(kept, run.live_bytes)  # tables the session keeps for its next chunk
     fixed = opened.live_bytes - traced.kv_cache_bytes - traced.context_kv_bytes  # RoPE tables, ray directions, …
     # The full model's weights from its build on meta: shapes only, no memory.
-    weights = _module_bytes(build_on_meta(family.build_dit(preset)).to(dtype))
+    full_dit = build_on_meta(family.build_dit(preset)).to(dtype)
+    weights = _module_bytes(quantize_blocks(full_dit) if fp8 else full_dit)
     return DiTFootprint(
         weights_bytes=weights,
         session_bytes=full.kv_cache_bytes + full.context_kv_bytes + fixed + kept + transition,
@@ -144,30 +152,34 @@ def dit_footprint(preset: ModelPreset, dtype: torch.dtype, math_attention: bool 
 
 @functools.cache
 @_one_thread
-def vae_footprints(preset: ModelPreset, dtype: torch.dtype) -> tuple[Footprint, Footprint]:
-    """(encode, decode): one VAE's weights, with each direction's stream state and chunk peak."""
+def vae_footprints(preset: ModelPreset, dtype: torch.dtype, bands: int = 1) -> tuple[Footprint, Footprint]:
+    """(encode, decode): one VAE's weights, with each direction's stream state and chunk peak, its
+    full-resolution layers run in `bands` height bands."""
     vae, dev = _for_tracing(cast(WanVAE, build_on_meta(lambda: WanVAE(preset.vae))), dtype)
+    vae.set_bands(bands, preset.height_px)
     weights = _module_bytes(vae)
     chunk, (h, w) = preset.chunk_latent_frames, (preset.height_px, preset.width_px)
     state = vae.new_stream_state()
-    enc_peak = 0
-    with torch.no_grad():
-        for first in (True, False):
-            run = LiveBytes()
-            with run:
-                video = torch.zeros(1, 3, video_frames(chunk, first), h, w, device=dev)
-                vae.encode_stream(video, state)
-                del video
-            enc_peak = max(enc_peak, run.peak_bytes)
-        enc_state = _cache_bytes(state.encoder_cache)
-        dec_peak = 0
+    # One trace over the whole stream, so that a call's replacing of the previous call's caches is
+    # seen as the free it is; each call's peak is taken above what it leaves behind (the caches,
+    # counted as session state).
+    run = LiveBytes()
+
+    def transient(call: Callable[..., object], *args: object) -> int:
+        run.peak_bytes = run.live_bytes
+        call(*args)
+        return run.peak_bytes - run.live_bytes
+
+    def encode(first: bool) -> None:
+        vae.encode_stream(torch.zeros(1, 3, video_frames(chunk, first), h, w, device=dev), state)
+
+    with torch.no_grad(), run:
+        enc_peak = max(transient(encode, first) for first in (True, False))
+        enc_state = _cache_bytes(state.cache_tensors("encoder"))
         latent = torch.zeros(1, preset.vae.z_dim, 1, preset.latent_height, preset.latent_width, device=dev)
-        for _ in range(3):  # the first latent frame, then the steady ones (cache full)
-            run = LiveBytes()
-            with run:
-                vae.decode_stream(latent, state)
-            dec_peak = max(dec_peak, run.peak_bytes)
-        dec_state = _cache_bytes(state.decoder_cache)
+        # The first latent frame, then the steady ones (cache full).
+        dec_peak = max(transient(lambda: vae.decode_stream(latent, state)) for _ in range(3))
+        dec_state = _cache_bytes(state.cache_tensors("decoder"))
     return Footprint(weights, enc_state, enc_peak), Footprint(weights, dec_state, dec_peak)
 
 
@@ -183,5 +195,5 @@ def context_encoder_footprint(preset: ModelPreset, dtype: torch.dtype) -> Footpr
     return Footprint(_module_bytes(module), 0, run.peak_bytes)
 
 
-def _cache_bytes(cache: Sequence[object]) -> int:
-    return sum(c.numel() * c.element_size() for c in cache if isinstance(c, torch.Tensor))
+def _cache_bytes(cache: Sequence[torch.Tensor]) -> int:
+    return sum(c.numel() * c.element_size() for c in cache)

@@ -1,6 +1,10 @@
 """The memory plan: what every worker of a placement holds, per device, against its capacity.
 
-    python -m workers.models plan PRESET --placement P --max-sessions N [--device-gib 80]
+    worldrtc plan PRESET --placement P --max-sessions N [--gpu-memory-gib 80] [savings flags]
+
+Savings (workers/models/savings.py) change what is planned as they change what runs: the VAE's
+dtype and height bands (traced), the DiT's fp8 block weights (traced), and the context encoder on
+the host (its weights and activations move to the host's line).
 
 Per worker it lists weights (by component and dtype), the state each open session keeps (the
 DiT's KV cache and text K/V, the VAE's causal caches), one chunk's activations, the tensor
@@ -32,6 +36,7 @@ from workers.models.attention_backend import AttentionBackend
 from workers.models.components import Precision
 from workers.models.kernels import DEFAULT_KERNELS, KernelConfig
 from workers.models.presets import ModelPreset
+from workers.models.savings import NO_SAVINGS, Quantization, Savings
 from workers.runtime.footprint import context_encoder_footprint, dit_footprint, vae_footprints
 from workers.runtime.handler import StageHandler
 from workers.runtime.messages import Stage
@@ -106,6 +111,7 @@ class MemoryPlan:
     max_sessions: int
     kernels: KernelConfig
     devices: tuple[DevicePlan, ...]
+    savings: Savings = NO_SAVINGS
     # One snapshot (workers/session_state.py): a copy of one session's state on every worker, in
     # host memory. The largest it gets: before the condition stream's fixed point, with its caches;
     # and once the encoder has reached it (a few chunks in), without them.
@@ -121,7 +127,7 @@ class MemoryPlan:
 
     def describe(self) -> str:
         head = f"memory plan: {self.preset} on {self.placement}, {self.max_sessions} session(s)"
-        out = [head]
+        out = [head, f"savings: {self.savings.describe()}"]
         for d in self.devices:
             cap = "capacity unknown" if d.capacity_bytes is None else f"capacity {_gib(d.capacity_bytes)}"
             verdict = "fits" if d.shortfall_bytes == 0 else f"SHORT by {_gib(d.shortfall_bytes)}"
@@ -139,6 +145,7 @@ class MemoryPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self) | {
+            "savings": self.savings.record(),
             "fits": self.fits,
             "device_totals": {
                 d.device: {"total_bytes": d.total_bytes, "capacity_bytes": d.capacity_bytes} for d in self.devices
@@ -173,8 +180,9 @@ def plan_memory(
     capacity: Callable[[str], int | None],
     kernels: KernelConfig = DEFAULT_KERNELS,
     frame_ring_slots: int = WorkerSpec.frame_ring_slots,
+    savings: Savings = NO_SAVINGS,
 ) -> MemoryPlan:
-    """The plan for `max_sessions` open sessions; `capacity(device)` gives each device's bytes."""
+    """The plan for `max_sessions` open sessions with `savings`; `capacity(device)` gives each device's bytes."""
     if max_sessions < 1:
         raise ValueError("max_sessions must be at least 1")
     n = max_sessions
@@ -193,15 +201,21 @@ def plan_memory(
     # workers/stages/condition.py). Counted as a session starts: at the fixed point, some chunks in,
     # the caches and snapshot go and only the condition stays.
     dev = stage_devices[Stage.ENCODE][0]
-    prec = Precision.for_device(torch.device(dev))
-    enc, _ = vae_footprints(preset, prec.vae)
+    prec = Precision.for_device(torch.device(dev), savings)
+    enc, _ = vae_footprints(preset, prec.vae, savings.vae_bands)
     family = family_for(preset)
     ctx = context_encoder_footprint(preset, prec.context)
+    context_here = dev == HOST or not savings.text_encoder_on_cpu
     context_bytes = _nbytes(family.context_shape(preset), prec.context)
     slot_bytes = slots * (cond_bytes + context_bytes)
     encode_slots = Line(f"output slots: {slots} conditions + {slots} contexts", slot_bytes, dev == HOST)
     encode_session = 2 * enc.session_bytes + cond_bytes + image_bytes
     snapshot = encode_session
+    bands = "" if savings.vae_bands == 1 else f", {savings.vae_bands} bands"
+    context_lines = (
+        Line(f"{family.context_name} weights ({_dtype_name(prec.context)})", ctx.weights_bytes),
+        Line(f"{family.context_name} activations (one context)", ctx.peak_bytes),
+    )
     workers.append(
         WorkerPlan(
             "encode0",
@@ -210,23 +224,26 @@ def plan_memory(
             (
                 *_runtime(Stage.ENCODE, dev),
                 Line(f"VAE weights ({_dtype_name(prec.vae)})", enc.weights_bytes),
-                Line(f"{family.context_name} weights ({_dtype_name(prec.context)})", ctx.weights_bytes),
+                *(context_lines if context_here else ()),
                 Line(f"VAE encoder caches, their copy, condition, image × {n}", n * encode_session),
-                Line("activations (one chunk, or one context)", max(enc.peak_bytes, ctx.peak_bytes)),
+                Line(f"VAE activations (one chunk{bands})", enc.peak_bytes),
                 encode_slots,
             ),
         )
     )
+    if not context_here:  # --text-encoder-on-cpu: the encode worker's host memory holds the context encoder
+        workers.append(WorkerPlan("encode0 (host)", HOST, 1, context_lines))
 
     # DiT: every rank holds all weights (Ulysses), its share of the heads' KV cache, all text K/V.
     ranks = len(stage_devices[Stage.DIT])
+    fp8 = savings.quantization is Quantization.FP8
     for r, dev in enumerate(stage_devices[Stage.DIT]):
-        prec = Precision.for_device(torch.device(dev))
-        dit = dit_footprint(preset, prec.dit, math)
+        prec = Precision.for_device(torch.device(dev), savings)
+        dit = dit_footprint(preset, prec.dit, math, fp8)
         share = "" if ranks == 1 else f" (1/{ranks})"
         lines = [
             *_runtime(Stage.DIT, dev),
-            Line(f"DiT weights ({_dtype_name(prec.dit)})", dit.weights_bytes),
+            Line(f"DiT weights ({'fp8 blocks, ' if fp8 else ''}{_dtype_name(prec.dit)})", dit.weights_bytes),
             Line(f"KV cache{share} × {n}", n * dit.kv_cache_bytes // ranks),
             Line(f"context K/V, RoPE tables, ray directions × {n}", n * (dit.session_bytes - dit.kv_cache_bytes)),
             Line(f"activations (one chunk){share}", dit.peak_bytes // ranks),
@@ -245,14 +262,14 @@ def plan_memory(
         _nbytes((video_frames(c, first), preset.height_px, preset.width_px, 3), torch.uint8) for first in (True, False)
     )
     for r, dev in enumerate(stage_devices[Stage.DECODE]):
-        prec = Precision.for_device(torch.device(dev))
-        _, dec = vae_footprints(preset, prec.vae)
+        prec = Precision.for_device(torch.device(dev), savings)
+        _, dec = vae_footprints(preset, prec.vae, savings.vae_bands)
         share = "" if ranks == 1 else f" (1/{ranks})"
         lines = [
             *_runtime(Stage.DECODE, dev),
             Line(f"VAE weights ({_dtype_name(prec.vae)})", dec.weights_bytes),
             Line(f"VAE decoder caches{share} × {n}", n * dec.session_bytes // ranks),
-            Line(f"activations (one latent frame){share}", dec.peak_bytes // ranks),
+            Line(f"activations (one latent frame{bands}){share}", dec.peak_bytes // ranks),
         ]
         if dev == HOST:
             lines.append(Line(f"output slots: {slots} latents", slots * latents_bytes, True))
@@ -266,7 +283,7 @@ def plan_memory(
         mine = tuple(w for w in workers if w.device == device)
         devices.append(DevicePlan(device, mine, _extra(device, mine, placement), capacity(device)))
     steady = snapshot - 2 * enc.session_bytes  # the encoder's caches and their copy go at the fixed point
-    return MemoryPlan(preset.name, placement.name, n, kernels, tuple(devices), snapshot, steady)
+    return MemoryPlan(preset.name, placement.name, n, kernels, tuple(devices), savings, snapshot, steady)
 
 
 def _runtime(stage: Stage, device: str) -> tuple[Line, ...]:
@@ -361,9 +378,10 @@ def check_fits(
     capacity: Callable[[str], int | None],
     kernels: KernelConfig = DEFAULT_KERNELS,
     cuda_device_count: int | None = None,
+    savings: Savings = NO_SAVINGS,
 ) -> MemoryPlan:
     """The plan, or PlacementError naming each short device, by how much, and what would fit."""
-    plan = plan_memory(preset, placement, max_sessions, capacity, kernels)
+    plan = plan_memory(preset, placement, max_sessions, capacity, kernels, savings=savings)
     if plan.fits:
         return plan
     short = "; ".join(
@@ -373,7 +391,12 @@ def check_fits(
         if d.shortfall_bytes
     )
     fewer = next(
-        (k for k in range(max_sessions - 1, 0, -1) if plan_memory(preset, placement, k, capacity, kernels).fits), None
+        (
+            k
+            for k in range(max_sessions - 1, 0, -1)
+            if plan_memory(preset, placement, k, capacity, kernels, savings=savings).fits
+        ),
+        None,
     )
     options = [f"--max-sessions {fewer}"] if fewer else []
     options += [
@@ -382,8 +405,10 @@ def check_fits(
         if name != placement.name
     ]
     hint = f"; would fit: {', '.join(options)}" if options else "; no named placement on this machine fits it"
-    command = f"python -m workers.models plan {preset.name} --placement {placement.name} --max-sessions {max_sessions}"
+    command = f"worldrtc plan {preset.name} --placement {placement.name} --max-sessions {max_sessions}"
+    with_savings = "" if savings == NO_SAVINGS else f" even with savings {savings.describe()}"
     raise PlacementError(
-        f"placement {placement.name!r} cannot hold {preset.name} with {max_sessions} session(s): {short}{hint} "
+        f"placement {placement.name!r} cannot hold {preset.name} with {max_sessions} session(s){with_savings}: "
+        f"{short}{hint} "
         f"(see `{command}`)"
     )

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from workers.determinism import DEFAULT_CPU_THREADS
 from workers.models.kernels import DEFAULT_KERNELS, KernelConfig
+from workers.models.savings import NO_SAVINGS, Savings
 from workers.runtime.messages import Stage
 from workers.runtime.synthetic import SyntheticModel
 
@@ -35,6 +36,7 @@ class WorkerSpec:
     cpu_threads: int = DEFAULT_CPU_THREADS
     output_shards: int = 1  # consumer ranks of this stage's output (decode ranks for the DiT's latents)
     kernels: KernelConfig = DEFAULT_KERNELS  # attention backend, compile, deterministic
+    savings: Savings = NO_SAVINGS  # memory savings: fp8 DiT weights, VAE dtype and bands, context encoder on the host
     frame_ring_slots: int = 4  # decode: chunks of uint8 frames the server may hold at once
     synthetic: SyntheticModel | None = None  # hold for fixed times instead of computing
     fault: FaultSpec | None = None
