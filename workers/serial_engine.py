@@ -186,7 +186,7 @@ class SerialEngine:
         if not self.family.live_prompts:
             raise ValueError(f"{self.preset.name} takes no text: its prompt cannot change")
         with intra_op_threads(self.cpu_threads):
-            context = self.context_encoder.encode_prompt(text)
+            context = self.context_encoder.encode_prompt(text).to(self.device)
             session.denoise.change_prompt(context.to(session.denoise.device), text, transition_chunks)
 
     def create_session(
@@ -207,7 +207,7 @@ class SerialEngine:
             )
         rgb = to_model_range(fit_image(read_image(image), p.height_px, p.width_px))
         with intra_op_threads(self.cpu_threads):
-            context = self.context_encoder.encode(rgb, prompt)
+            context = self.context_encoder.encode(rgb, prompt).to(self.device)  # from the host under a saving
             return SerialSession(
                 preset=p,
                 chunk_latent_frames=chunk,
