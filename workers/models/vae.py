@@ -134,12 +134,22 @@ class CausalConv3d(nn.Conv3d):
         # H and W are zero-padded by the convolution itself: padding the input first costs a
         # full-frame fill and copy per conv (9 % of a 128x128 chunk's decode on CPU).
         padding = [0, pad_h, pad_w]
-        if x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled():
+        if x.device.type == "cpu" and not torch.is_grad_enabled():
             # PyTorch's dispatch heuristic sends batch-1, 3-tap 3D convs to its slow reference
-            # kernel; oneDNN computes the same convolution several times faster on CPU.
-            return torch.ops.aten.mkldnn_convolution(
-                x.contiguous(), self.weight, self.bias, padding, list(self.stride), list(self.dilation), self.groups
+            # kernel; oneDNN computes the same convolution several times faster on CPU. A half-precision
+            # VAE (--vae-dtype) convolves in float32 there and rounds the output back: CPUs without
+            # bf16/fp16 instructions have no fast half kernel, and a GPU accumulates in float32 too.
+            bias = None if self.bias is None else self.bias.float()
+            out = torch.ops.aten.mkldnn_convolution(
+                x.float().contiguous(),
+                self.weight.float(),
+                bias,
+                padding,
+                list(self.stride),
+                list(self.dilation),
+                self.groups,
             )
+            return out.to(x.dtype)
         return F.conv3d(x, self.weight, self.bias, self.stride, padding, self.dilation, self.groups)
 
 

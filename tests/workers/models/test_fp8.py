@@ -58,7 +58,9 @@ def test_an_fp8_dit_runs_a_chunk_close_to_the_exact_one(name: str) -> None:
         if fp8:
             quantize_blocks(dit)
         session = family.open_denoise(dit, preset, context, 0, preset.chunk_latent_frames)
-        inputs = family.control_track(preset).next_inputs(ChunkControl(keys=frozenset({"w"})), preset.chunk_latent_frames)
+        inputs = family.control_track(preset).next_inputs(
+            ChunkControl(keys=frozenset({"w"})), preset.chunk_latent_frames
+        )
         return session.run_chunk(cond, inputs)
 
     exact, fp8 = chunk(False), chunk(True)
