@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.image_metrics import psnr_db
 from workers.chunk_geometry import chunk_num_frames
 from workers.determinism import frame_difference
 from workers.models.presets import MATRIX_GAME_TINY, MATRIX_GAME_UNIVERSAL
@@ -296,16 +297,51 @@ def dit_batching(check: Check) -> dict[str, Any]:
     }
 
 
-def matrix_game_live(check: Check) -> dict[str, Any]:
+# Each saving alone, then all at once (workers/models/savings.py), as replay flags.
+SAVINGS_RUNS: dict[str, tuple[str, ...]] = {
+    "exact": (),
+    "vae_bands_4": ("--vae-bands", "4"),
+    "context_on_cpu": ("--text-encoder-on-cpu",),
+    "vae_float16": ("--vae-dtype", "float16"),
+    "vae_bfloat16": ("--vae-dtype", "bfloat16"),
+    "fp8": ("--quantization", "fp8"),
+    "all": ("--vae-bands", "4", "--text-encoder-on-cpu", "--vae-dtype", "bfloat16", "--quantization", "fp8"),
+}
+SAVINGS_CHUNKS = 4
+
+
+def savings(check: Check) -> dict[str, Any]:
+    """Matrix-Game universal (random weights) under each saving: every worker's peak device memory
+    against the plan, the chunk period, and PSNR of its frames against the exact run's."""
+    preset = MATRIX_GAME_TINY if check.target.rehearse else MATRIX_GAME_UNIVERSAL
+    extra = () if check.target.rehearse else ("--random-weights",)
+    rows: dict[str, Any] = {}
+    exact: np.ndarray | None = None
+    for name, flags in SAVINGS_RUNS.items():
+        report = check.replay(f"savings_{name}", preset.name, SAVINGS_CHUNKS, extra=(*extra, *flags))
+        frames = np.load(check.out / f"savings_{name}.npy")
+        exact = frames if exact is None else exact
+        figures = replay_figures(report)
+        rows[name] = {
+            "chunk_period_s_p50": figures["chunk_period_s_p50"],
+            "memory": figures["memory"],
+            "worst_plan_error": max((abs(m["plan_error"]) for m in figures["memory"].values()), default=None),
+            "psnr_db_mean": float(psnr_db(frames, exact).mean()),
+            "max_abs": int(np.abs(frames.astype(np.int16) - exact.astype(np.int16)).max()),
+        }
+    return rows
+
+
+def matrix_game_live(check: Check, flags: str = "", name: str = "matrix_game_live") -> dict[str, Any]:
     """Matrix-Game through the real server and an aiortc client: what a person would get from it."""
     if check.target.rehearse:
-        preset, serve, duration_s = MATRIX_GAME_TINY, f"--model {MATRIX_GAME_TINY.name} --placement cpu", 8
+        preset, serve, duration_s = MATRIX_GAME_TINY, f"--model {MATRIX_GAME_TINY.name} --placement cpu {flags}", 8
     else:
         preset, duration_s = MATRIX_GAME_UNIVERSAL, 20
-        serve = f"--model {preset.name} --placement 1gpu --random-weights --max-sessions 1"
-    out = check.out / "matrix_game_live.json"
+        serve = f"--model {preset.name} --placement 1gpu --random-weights --max-sessions 1 {flags}"
+    out = check.out / f"{name}.json"
     args = ["-m", "benchmarks.webrtc_replay", "--serve", serve, "--duration-s", str(duration_s), "--out", str(out)]
-    check.sh("matrix_game_live", args, timeout_s=300)
+    check.sh(name, args, timeout_s=300)
     viewer = json.loads(out.read_text())["runs"][0]["viewers"][0]
     metrics = viewer["server_session"]["metrics"]
     chunk_s = chunk_num_frames(1, preset.chunk_latent_frames) / preset.fps
@@ -360,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     check.run("matrix_game", lambda: matrix_game(check))
     check.run("dit_batching", lambda: dit_batching(check))
     check.run("matrix_game_live", lambda: matrix_game_live(check))
+    # The release's own decode precision: what its float16 VAE does to the live chunk period.
+    check.run("matrix_game_live_fp16", lambda: matrix_game_live(check, "--vae-dtype float16", "matrix_game_live_fp16"))
+    check.run("savings", lambda: savings(check))
 
     summary = check.write_summary()
     for name, step in check.steps.items():

@@ -1,6 +1,6 @@
 """The quality cost of each memory saving, measured: its frames against the exact run of the same trace.
 
-    python -m benchmarks.savings [--chunks 8] [--dit-layers 2] [--out runs/savings.json]
+    python -m benchmarks.savings [--chunks 4] [--dit-chunks 2] [--out runs/savings.json]
 
 Two parts, one table each (docs/models-and-weights.md, "Savings"):
 
@@ -11,10 +11,11 @@ Two parts, one table each (docs/models-and-weights.md, "Savings"):
 2. The released shapes with seeded random weights (their checkpoints are not here): the DiT's
    output per chunk (clean latents) with fp8 block weights against the same DiT with its own
    weights, for LingBot-World 1.3B and Matrix-Game 2.0 at full width, heads and tokens per frame
-   (832×480, 640×352), cut to `--dit-layers` blocks so that a CPU runs a chunk in seconds;
-   relative RMS error and max abs difference of the latents. fp8 weights are stored per output
-   channel, so the error per layer does not depend on depth; over 30 layers it compounds, which is
-   why part 1 (the whole model, trained) is the figure that says what a person sees.
+   (832×480, 640×352), cut to one block of each kind (as the memory plan traces them,
+   `ModelFamily.one_layer`) so that a CPU runs a chunk in seconds; relative RMS error and max abs
+   difference of the latents. fp8 weights are stored per output channel, so the error per layer
+   does not depend on depth; over 30 layers it compounds, which is why part 1 (the whole model,
+   trained) is the figure that says what a person sees.
 
 Exact savings (bands, the context encoder on the host) are expected at float rounding (on this CPU:
 bit for bit); bf16/fp16 VAE and fp8 weights are the ones with a cost.
@@ -23,7 +24,6 @@ bit for bit); bf16/fp16 VAE and fp8 weights are the ones with a cost.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -78,11 +78,11 @@ def compare_frames(made: list[np.ndarray], exact: list[np.ndarray]) -> dict[str,
     }
 
 
-def dit_latents(preset_name: str, layers: int, fp8: bool, chunks: int) -> list[torch.Tensor]:
-    """Clean latents per chunk of the preset's DiT at full shape, cut to `layers` blocks, seeded weights."""
+def dit_latents(preset_name: str, fp8: bool, chunks: int) -> list[torch.Tensor]:
+    """Clean latents per chunk of the preset's DiT at full shape, one block of each kind, seeded weights."""
     preset = get_preset(preset_name)
-    cut = dataclasses.replace(preset, dit=dataclasses.replace(preset.dit, num_layers=layers))
-    family = family_for(cut)
+    family = family_for(preset)
+    cut = family.one_layer(preset)
     dit = family.load_dit(cut, torch.device("cpu"), None, weights_seed=0)
     if fp8:
         quantize_blocks(dit)
@@ -105,9 +105,8 @@ def compare_latents(made: list[torch.Tensor], exact: list[torch.Tensor]) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.savings", description=__doc__.split("\n\n")[0])
-    p.add_argument("--chunks", type=int, default=8, help="chunks of the gridworld walk (default 8)")
+    p.add_argument("--chunks", type=int, default=4, help="chunks of the gridworld walk (default 4)")
     p.add_argument("--dit-chunks", type=int, default=2, help="chunks of each full-shape DiT (default 2)")
-    p.add_argument("--dit-layers", type=int, default=2, help="blocks of each full-shape DiT (default 2)")
     p.add_argument("--skip-full-shape", action="store_true", help="gridworld only")
     p.add_argument("--out", type=Path, default=Path("runs/savings.json"))
     args = p.parse_args(argv)
@@ -123,13 +122,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:<38} {verdict:>22}   max |Δ| {row['max_abs']:>3}")
 
     if not args.skip_full_shape:
-        print(f"DiT at full shape, {args.dit_layers} blocks, seeded weights, {args.dit_chunks} chunks: fp8 vs exact")
+        print(f"DiT at full shape, one block of each kind, seeded weights, {args.dit_chunks} chunks: fp8 vs exact")
         with intra_op_threads(THREADS):
             for name in ("lingbot-world-v2-1.3b", "matrix-game-2-universal"):
-                exact_dit = dit_latents(name, args.dit_layers, False, args.dit_chunks)
-                row = compare_latents(dit_latents(name, args.dit_layers, True, args.dit_chunks), exact_dit)
+                exact_dit = dit_latents(name, False, args.dit_chunks)
+                row = compare_latents(dit_latents(name, True, args.dit_chunks), exact_dit)
                 report["full_shape"][name] = row
-                print(f"  {name:<26} latents: relative RMS error {row['rel_rms_max']:.2e}, max |Δ| {row['max_abs']:.3f}")
+                print(
+                    f"  {name:<26} latents: relative RMS error {row['rel_rms_max']:.2e}, max |Δ| {row['max_abs']:.3f}"
+                )
     report["wall_s"] = time.perf_counter() - t0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))

@@ -144,6 +144,7 @@ def load_vae(
     )
     assert isinstance(vae, WanVAE)
     vae.set_bands(savings.vae_bands, preset.height_px)
+    vae.convolve_in_float32(device.type == "cpu")
     return vae
 
 

@@ -107,6 +107,10 @@ class CausalConv3d(nn.Conv3d):
     # Index of this conv's slot in a stream cache; set by `_assign_cache_slots` for the convs
     # whose temporal kernel spans more than one frame (1-frame kernels need no history).
     cache_slot: int | None = None
+    # A half-precision VAE on the CPU convolves in float32 and rounds the output back
+    # (`WanVAE.convolve_in_float32`): CPUs without bf16/fp16 instructions have no fast half conv3d,
+    # and a GPU's half convolution accumulates in float32 too.
+    float32_convs: bool = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -134,23 +138,21 @@ class CausalConv3d(nn.Conv3d):
         # H and W are zero-padded by the convolution itself: padding the input first costs a
         # full-frame fill and copy per conv (9 % of a 128x128 chunk's decode on CPU).
         padding = [0, pad_h, pad_w]
-        if x.device.type == "cpu" and not torch.is_grad_enabled():
-            # PyTorch's dispatch heuristic sends batch-1, 3-tap 3D convs to its slow reference
-            # kernel; oneDNN computes the same convolution several times faster on CPU. A half-precision
-            # VAE (--vae-dtype) convolves in float32 there and rounds the output back: CPUs without
-            # bf16/fp16 instructions have no fast half kernel, and a GPU accumulates in float32 too.
+        if self.float32_convs and x.dtype != torch.float32:
             bias = None if self.bias is None else self.bias.float()
-            out = torch.ops.aten.mkldnn_convolution(
-                x.float().contiguous(),
-                self.weight.float(),
-                bias,
-                padding,
-                list(self.stride),
-                list(self.dilation),
-                self.groups,
+            return self._conv(x.float(), self.weight.float(), bias, padding).to(x.dtype)
+        return self._conv(x, self.weight, self.bias, padding)
+
+    def _conv(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding: list[int]
+    ) -> torch.Tensor:
+        if x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled():
+            # PyTorch's dispatch heuristic sends batch-1, 3-tap 3D convs to its slow reference
+            # kernel; oneDNN computes the same convolution several times faster on CPU.
+            return torch.ops.aten.mkldnn_convolution(
+                x.contiguous(), weight, bias, padding, list(self.stride), list(self.dilation), self.groups
             )
-            return out.to(x.dtype)
-        return F.conv3d(x, self.weight, self.bias, self.stride, padding, self.dilation, self.groups)
+        return F.conv3d(x, weight, bias, self.stride, padding, self.dilation, self.groups)
 
 
 NORM_EPS = 1e-12  # F.normalize's
@@ -169,8 +171,11 @@ class RMS_norm(nn.Module):  # upstream's name, kept so code and checkpoint layou
         # F.normalize(x, dim=1), written as a sum of squares: PyTorch's CPU vector norm over a
         # strided dim runs 6-17x slower and was 38 % of a 128x128 chunk's decode. Same value to
         # float rounding (eps 1e-12 on the norm is 1e-24 on its square).
-        inv_norm = torch.rsqrt(x.square().sum(dim=1, keepdim=True).clamp_min(NORM_EPS**2))
-        return x * inv_norm * (self.scale * self.gamma)
+        # In float32 whatever the VAE's dtype: a float16 square overflows past |x| = 256, and
+        # F.normalize accumulates half inputs in float32 too. For float32 input this is the same math.
+        x32 = x.float()
+        inv_norm = torch.rsqrt(x32.square().sum(dim=1, keepdim=True).clamp_min(NORM_EPS**2))
+        return (x32 * inv_norm * (self.scale * self.gamma.float())).to(x.dtype)
 
 
 class _Upsample2x(nn.Module):
@@ -657,6 +662,12 @@ class WanVAE(nn.Module):
         ups = sum(1 for m in dec if isinstance(m, Resample))
         dec_input = height_px // 2 ** (ups + 1) if ups else height_px // spatial
         return min(max_bands([_row_step(m) for m in enc], height_px), max_bands([_row_step(m) for m in dec], dec_input))
+
+    def convolve_in_float32(self, on: bool) -> None:
+        """Causal convs of a half-precision VAE in float32 (what the CPU needs; see CausalConv3d)."""
+        for m in self.modules():
+            if isinstance(m, CausalConv3d):
+                m.float32_convs = on
 
     def set_bands(self, bands: int, height_px: int) -> None:
         """Run the full-resolution layers in `bands` height bands; ValueError if the rows do not allow it."""

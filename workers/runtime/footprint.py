@@ -152,11 +152,15 @@ def dit_footprint(
 
 @functools.cache
 @_one_thread
-def vae_footprints(preset: ModelPreset, dtype: torch.dtype, bands: int = 1) -> tuple[Footprint, Footprint]:
+def vae_footprints(
+    preset: ModelPreset, dtype: torch.dtype, bands: int = 1, host: bool = False
+) -> tuple[Footprint, Footprint]:
     """(encode, decode): one VAE's weights, with each direction's stream state and chunk peak, its
-    full-resolution layers run in `bands` height bands."""
+    full-resolution layers run in `bands` height bands; `host`: as the CPU runs it (a half-precision
+    VAE's convolutions in float32, workers/models/vae.py)."""
     vae, dev = _for_tracing(cast(WanVAE, build_on_meta(lambda: WanVAE(preset.vae))), dtype)
     vae.set_bands(bands, preset.height_px)
+    vae.convolve_in_float32(host)
     weights = _module_bytes(vae)
     chunk, (h, w) = preset.chunk_latent_frames, (preset.height_px, preset.width_px)
     state = vae.new_stream_state()

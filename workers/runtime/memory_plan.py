@@ -202,7 +202,7 @@ def plan_memory(
     # the caches and snapshot go and only the condition stays.
     dev = stage_devices[Stage.ENCODE][0]
     prec = Precision.for_device(torch.device(dev), savings)
-    enc, _ = vae_footprints(preset, prec.vae, savings.vae_bands)
+    enc, _ = vae_footprints(preset, prec.vae, savings.vae_bands, dev == HOST)
     family = family_for(preset)
     ctx = context_encoder_footprint(preset, prec.context)
     context_here = dev == HOST or not savings.text_encoder_on_cpu
@@ -263,7 +263,7 @@ def plan_memory(
     )
     for r, dev in enumerate(stage_devices[Stage.DECODE]):
         prec = Precision.for_device(torch.device(dev), savings)
-        _, dec = vae_footprints(preset, prec.vae, savings.vae_bands)
+        _, dec = vae_footprints(preset, prec.vae, savings.vae_bands, dev == HOST)
         share = "" if ranks == 1 else f" (1/{ranks})"
         lines = [
             *_runtime(Stage.DECODE, dev),
