@@ -124,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     state = app.state.worldrtc
     url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else settings.host}:{settings.port}/"
     print(f"worldrtc: loading {state.preset.name} on placement {state.placement.name} …", flush=True)
+    if state.savings != settings.savings:
+        print(f"worldrtc: to fit the memory, savings: {state.savings.describe()}", flush=True)
+    elif state.savings.names():
+        print(f"worldrtc: savings: {state.savings.describe()}", flush=True)
     if settings.snapshot_dir is not None:
         print(f"worldrtc: saves in {settings.snapshot_dir}", flush=True)
 

@@ -33,9 +33,10 @@ import torch
 import torch.nn as nn
 
 from workers.controls import ChunkControl
+from workers.models.components import Precision
 from workers.models.configs import Family
 from workers.models.fp8 import quantize_blocks
-from workers.models.kernels import KernelConfig
+from workers.models.kernels import DEFAULT_KERNELS, KernelConfig, apply_attention
 from workers.models.loading import KeyReport
 from workers.models.presets import ModelPreset
 from workers.models.savings import Quantization, Savings
@@ -117,9 +118,10 @@ class ModelFamily(ABC):
         checkpoint_dir: Path | None,
         weights_seed: int = 0,
         kernels: KernelConfig | None = None,
+        dtype: torch.dtype | None = None,
     ) -> nn.Module:
-        """The DiT on `device`, in the device's precision, strictly loaded (or seeded random
-        weights without a checkpoint), its attention pointed at `kernels`' backend."""
+        """The DiT on `device`, in `dtype` (default: the device's precision), strictly loaded (or
+        seeded random weights without a checkpoint), its attention pointed at `kernels`' backend."""
 
     def load_dit_with(
         self,
@@ -130,13 +132,18 @@ class ModelFamily(ABC):
         kernels: KernelConfig | None,
         savings: Savings,
     ) -> nn.Module:
-        """`load_dit`, then its block weights stored in fp8 under `--quantization fp8`."""
-        dit = self.load_dit(preset, device, checkpoint_dir, weights_seed, kernels)
-        if savings.quantization is Quantization.FP8:
-            if kernels is not None and kernels.compile:
-                raise ValueError("--quantization fp8 and --compile: compile is not supported with fp8 weights yet")
-            quantize_blocks(dit)
-        return dit
+        """`load_dit`, then its block weights stored in fp8 under `--quantization fp8`: loaded and
+        quantized on the host in the device's dtype, then moved, so the GPU never holds the model
+        at full width (the load's peak is the fp8 model, as the plan counts it)."""
+        if savings.quantization is not Quantization.FP8:
+            return self.load_dit(preset, device, checkpoint_dir, weights_seed, kernels)
+        kernels = kernels or DEFAULT_KERNELS
+        if kernels.compile:
+            raise ValueError("--quantization fp8 with --compile is not supported: drop one of them")
+        host = torch.device("cpu")
+        dtype = Precision.for_device(device).dit
+        dit = quantize_blocks(self.load_dit(preset, host, checkpoint_dir, weights_seed, kernels, dtype))
+        return apply_attention(dit.to(device), kernels, device)
 
     @abstractmethod
     def load_context_encoder(

@@ -62,8 +62,9 @@ class LingBotWorld(ModelFamily):
         checkpoint_dir: Path | None,
         weights_seed: int = 0,
         kernels: KernelConfig | None = None,
+        dtype: torch.dtype | None = None,
     ) -> nn.Module:
-        dit = components.load_dit(preset, device, checkpoint_dir, weights_seed)
+        dit = components.load_dit(preset, device, checkpoint_dir, weights_seed, dtype)
         return apply_to_dit(dit, kernels or DEFAULT_KERNELS, device)
 
     def load_context_encoder(

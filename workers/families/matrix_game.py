@@ -106,11 +106,12 @@ class MatrixGame(ModelFamily):
         checkpoint_dir: Path | None,
         weights_seed: int = 0,
         kernels: KernelConfig | None = None,
+        dtype: torch.dtype | None = None,
     ) -> nn.Module:
         kernels = kernels or DEFAULT_KERNELS
         if kernels.compile:
             raise ValueError(f"{preset.name}: compile is implemented for the LingBot-World DiT only")
-        dtype = Precision.for_device(device).dit
+        dtype = Precision.for_device(device).dit if dtype is None else dtype
         dit = load_component(
             "DiT",
             self.build_dit(preset),

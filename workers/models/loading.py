@@ -505,6 +505,9 @@ def load_strict(
 def materialize_random(
     module: nn.Module, init: Callable[[nn.Module], None], dtype: torch.dtype, device: torch.device
 ) -> nn.Module:
-    module = module.to_empty(device=device)
+    # In `dtype` from the start: a float32 copy first would make the load's peak twice the bf16
+    # model on a GPU (the init's values are drawn on the host in float32 and rounded as they are
+    # copied in, the same bits as rounding the whole model afterwards).
+    module = module.to(dtype=dtype).to_empty(device=device)
     init(module)
-    return module.to(dtype=dtype)
+    return module
