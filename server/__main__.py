@@ -55,6 +55,7 @@ def parse_args(argv: list[str] | None = None) -> dict[str, object]:
         "--gpu-memory-gib",
         "--device-memory-gib",
         dest="device_memory_gib",
+        metavar="GIB",
         type=float,
         help="GPU memory the plan may use (default: the device's); savings are added until the model fits",
     )
@@ -157,13 +158,14 @@ def with_weights(settings: Settings, preset: ModelPreset) -> Settings:
     fit this machine."""
 
     def placement_fits(plan: FetchPlan) -> None:
-        from workers.runtime.memory_plan import check_fits, machine_capacity
+        from workers.runtime.memory_plan import machine_capacity
         from workers.runtime.placement import get_placement
+        from workers.runtime.savings_plan import fit_savings
 
         placement = get_placement(settings.placement)
         placement.validate_for(preset)  # the devices it names are on this machine
         capacity = machine_capacity(settings.device_memory_gib, settings.host_memory_gib)
-        check_fits(preset, placement, settings.max_sessions, capacity, settings.kernels)
+        fit_savings(preset, placement, settings.max_sessions, capacity, settings.kernels, settings.savings)
 
     path = resolve_weights(
         preset, settings.checkpoint_dir, settings.assets_dir, download=True, before_download=placement_fits

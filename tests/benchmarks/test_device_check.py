@@ -24,7 +24,7 @@ def test_without_cuda_it_asks_for_a_rehearsal(capsys: pytest.CaptureFixture[str]
 @pytest.mark.processes
 def test_the_rehearsal_runs_every_step_a_cpu_can(tmp_path) -> None:
     cmd = [sys.executable, "-m", "benchmarks.device_check", "--rehearse", "--out", str(tmp_path)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     steps = summary["steps"]
@@ -34,6 +34,7 @@ def test_the_rehearsal_runs_every_step_a_cpu_can(tmp_path) -> None:
         "gpu_tests": "needs CUDA: the gpu-marked tests skip themselves on a CPU",
         "channel_cross_device": "needs two CUDA devices",
         "decode_2rank": "rehearsed by dit_2rank",
+        "matrix_game_live_fp16": "rehearsed by matrix_game_live (the flags are the replay's, rehearsed by savings)",
     }
     assert all(s["status"] == "ok" for name, s in steps.items() if name not in skipped)
     assert steps["channel"]["figures"]["p50_ms"]["channel"] > 0
@@ -61,7 +62,6 @@ def test_the_rehearsal_runs_every_step_a_cpu_can(tmp_path) -> None:
     live = steps["matrix_game_live"]["figures"]
     assert live["first_frame_s"] > 0 and live["chunk_s"] == pytest.approx(0.48) and live["period_over_chunk"] > 0
     assert live["client_unique_fps"] > 0
-    assert steps["matrix_game_live_fp16"]["figures"]["client_unique_fps"] > 0
     # Each saving on the Matrix-Game fixture: the exact ones give the exact run's frames, the others
     # differ within what a reduced dtype does; the plan follows every worker under each.
     savings = steps["savings"]["figures"]

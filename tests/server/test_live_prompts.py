@@ -5,9 +5,6 @@ family without text (Matrix-Game: `not_supported`)."""
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +14,7 @@ import pytest
 
 from benchmarks.delivery import analyze
 from benchmarks.local_server import local_server
+from tests.support.regenerate import regenerate_exactly
 from tests.support.waiting import wait_until_async
 from workers.models.loading import model_events
 from workers.models.presets import get_preset
@@ -90,21 +88,7 @@ async def test_the_dit_reads_a_typed_prompt_from_a_chunk_on_and_the_recording_re
     record = httpx.get(f"{model_url}/v1/sessions/{sid}/recording").json()
     changes = {c["index"]: c["prompt"] for c in record["chunks"] if "prompt" in c}
     assert record["prompt"] == "a quiet town" and changes == {switch: {"text": "snow falls", "transition_chunks": 1}}
-    path = tmp_path / "rec.json"
-    path.write_text(json.dumps(record))
-    cmd = [
-        sys.executable,
-        "-m",
-        "benchmarks.replay",
-        "--recording",
-        str(path),
-        "--quiet",
-        "--out",
-        str(tmp_path / "r.json"),
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    n = len(record["chunks"])
-    assert done.returncode == 0 and f"every chunk's digest equal ({n} of {n})" in done.stdout, done.stdout + done.stderr
+    regenerate_exactly(record, tmp_path)
 
 
 async def test_a_transition_and_fifty_prompts_in_a_second(synthetic_url: str) -> None:

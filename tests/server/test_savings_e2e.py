@@ -4,9 +4,6 @@ under them; a snapshot made with other savings names them when refused."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -14,6 +11,7 @@ import pytest
 
 from benchmarks.local_server import local_server
 from server.snapshot import MadeWith
+from tests.support.regenerate import regenerate_exactly
 from tests.support.waiting import wait_until_async
 from workers.models.savings import NO_SAVINGS, Quantization, Savings, VAEDtype
 from workers.runtime.placement import get_placement
@@ -53,22 +51,7 @@ async def test_a_session_streams_with_every_saving_and_its_recording_regenerates
     assert record["savings"] == ALL.record()
     chunks = record["chunks"]
     assert len(chunks) >= 4 and any(c["keys"] == ["w"] for c in chunks)
-    path = tmp_path / "rec.json"
-    path.write_text(json.dumps(record))
-    cmd = [
-        sys.executable,
-        "-m",
-        "benchmarks.replay",
-        "--recording",
-        str(path),
-        "--quiet",
-        "--out",
-        str(tmp_path / "r.json"),
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert f"every chunk's digest equal ({len(chunks)} of {len(chunks)})" in done.stdout
-    assert json.loads((tmp_path / "r.json").read_text())["savings"] == ALL.record()
+    assert regenerate_exactly(record, tmp_path)["savings"] == ALL.record()
 
 
 def test_a_snapshot_made_with_other_savings_says_which() -> None:

@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         "--gpu-memory-gib",
         "--device-gib",
         dest="device_gib",
+        metavar="GIB",
         type=float,
         default=None,
         help="GiB per GPU (default: this machine's, else 80)",

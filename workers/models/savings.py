@@ -153,6 +153,7 @@ def add_savings_arguments(parser: Any) -> None:
     )
     parser.add_argument(
         "--vae-bands",
+        metavar="N",
         type=int,
         default=None,
         help="run the VAE's full-resolution layers in N height bands one after another (exact; default 1)",

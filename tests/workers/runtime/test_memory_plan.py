@@ -115,13 +115,17 @@ def test_plan_cli_says_what_does_not_fit_and_what_would(capsys: pytest.CaptureFi
 
 @pytest.mark.heavy
 def test_plan_cli_counts_the_sessions_that_fit_per_card_size(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["plan", "matrix-game-2-universal", "--placement", "1gpu", "--fit-gib", "16,24,80"]
+    argv = ["plan", "matrix-game-2-universal", "--placement", "1gpu", "--fit-gib", "8,16,24,80"]
     assert models_cli(argv) == 0
     out = capsys.readouterr().out
-    counts = [int(line.split(": ")[1].split()[0]) for line in out.splitlines() if "GiB cards" in line]
-    assert counts[0] == 0 and counts[1] >= 1 and counts[2] > counts[1], out
+    lines = [line for line in out.splitlines() if "GiB cards" in line]
+    counts = [int(line.split(": ")[1].split()[0]) for line in lines]
+    assert counts[0] == 0 and "with every saving" in lines[0], out
+    # A 16 GiB card holds one session with savings (workers/runtime/savings_plan.py), cheapest first.
+    assert counts[1] == 1 and "with savings: --vae-bands" in lines[1] and "--quantization" not in lines[1], out
+    assert counts[2] > counts[1] and counts[3] > counts[2] and lines[3].endswith("none (exact)"), out
     # The count is the plan's own verdict at the edge: one more session would not fit.
-    n = counts[2]
+    n = counts[3]
     plan = plan_memory(get_preset("matrix-game-2-universal"), get_placement("1gpu"), n + 1, lambda d: 80 * GIB)
     assert not plan.fits
     assert models_cli([*argv[:-1], "24,x"]) == 2
