@@ -212,9 +212,12 @@ def plan_memory(
     encode_session = 2 * enc.session_bytes + cond_bytes + image_bytes
     snapshot = encode_session
     bands = "" if savings.vae_bands == 1 else f", {savings.vae_bands} bands"
-    context_lines = (
-        Line(f"{family.context_name} weights ({_dtype_name(prec.context)})", ctx.weights_bytes),
-        Line(f"{family.context_name} activations (one context)", ctx.peak_bytes),
+    context_weights = Line(f"{family.context_name} weights ({_dtype_name(prec.context)})", ctx.weights_bytes)
+    # A chunk's encode and a prompt's encoding take turns on the worker: the larger of the two.
+    activations = (
+        Line(f"activations (one chunk{bands}, or one context)", max(enc.peak_bytes, ctx.peak_bytes))
+        if context_here
+        else Line(f"activations (one chunk{bands})", enc.peak_bytes)
     )
     workers.append(
         WorkerPlan(
@@ -224,15 +227,16 @@ def plan_memory(
             (
                 *_runtime(Stage.ENCODE, dev),
                 Line(f"VAE weights ({_dtype_name(prec.vae)})", enc.weights_bytes),
-                *(context_lines if context_here else ()),
+                *((context_weights,) if context_here else ()),
                 Line(f"VAE encoder caches, their copy, condition, image × {n}", n * encode_session),
-                Line(f"VAE activations (one chunk{bands})", enc.peak_bytes),
+                activations,
                 encode_slots,
             ),
         )
     )
     if not context_here:  # --text-encoder-on-cpu: the encode worker's host memory holds the context encoder
-        workers.append(WorkerPlan("encode0 (host)", HOST, 1, context_lines))
+        context_activations = Line(f"{family.context_name} activations (one context)", ctx.peak_bytes)
+        workers.append(WorkerPlan("encode0 (host)", HOST, 1, (context_weights, context_activations)))
 
     # DiT: every rank holds all weights (Ulysses), its share of the heads' KV cache, all text K/V.
     ranks = len(stage_devices[Stage.DIT])
