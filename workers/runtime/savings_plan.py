@@ -9,6 +9,7 @@ and only added to. `worldrtc plan --fit-gib` and `worldrtc serve --gpu-memory-gi
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,13 +38,18 @@ def check_savings(
                 f"--vae-bands {savings.vae_bands}: placement {placement.name!r} shards the decode over several "
                 "ranks already; bands are for a decode on one device"
             )
-        vae = build_on_meta(lambda: WanVAE(preset.vae))
-        assert isinstance(vae, WanVAE)
-        most = vae.max_bands(preset.height_px)
+        most = vae_max_bands(preset)
         if savings.vae_bands > most:
             raise ValueError(
                 f"--vae-bands {savings.vae_bands}: {preset.name}'s {preset.height_px}-row frames allow at most {most}"
             )
+
+
+@functools.cache
+def vae_max_bands(preset: ModelPreset) -> int:
+    vae = build_on_meta(lambda: WanVAE(preset.vae))
+    assert isinstance(vae, WanVAE)
+    return vae.max_bands(preset.height_px)
 
 
 @dataclass(frozen=True)
@@ -91,12 +97,13 @@ def choose_savings(
     floor: Savings = NO_SAVINGS,
 ) -> Choice:
     """The first rung whose plan fits; the last rung's plan (which does not fit) when none does."""
-    choice = None
+    choice = Choice(floor, plan_memory(preset, placement, max_sessions, capacity, kernels, savings=floor))
+    if choice.fits:  # what was asked for fits: the common case costs one plan
+        return choice
     for rung in ladder_for(preset, placement, floor):
         choice = Choice(rung, plan_memory(preset, placement, max_sessions, capacity, kernels, savings=rung))
         if choice.fits:
             return choice
-    assert choice is not None, "the ladder's first rung always runs"
     return choice
 
 
