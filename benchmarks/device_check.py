@@ -47,9 +47,11 @@ import numpy as np
 import torch
 
 from benchmarks.image_metrics import psnr_db
+from benchmarks.savings import CASES
 from workers.chunk_geometry import chunk_num_frames
 from workers.determinism import frame_difference
 from workers.models.presets import MATRIX_GAME_TINY, MATRIX_GAME_UNIVERSAL
+from workers.models.savings import NO_SAVINGS
 
 GPU_SCRIPT_BUDGET_S = 8 * 60
 
@@ -297,16 +299,6 @@ def dit_batching(check: Check) -> dict[str, Any]:
     }
 
 
-# Each saving alone, then all at once (workers/models/savings.py), as replay flags.
-SAVINGS_RUNS: dict[str, tuple[str, ...]] = {
-    "exact": (),
-    "vae_bands_4": ("--vae-bands", "4"),
-    "context_on_cpu": ("--text-encoder-on-cpu",),
-    "vae_float16": ("--vae-dtype", "float16"),
-    "vae_bfloat16": ("--vae-dtype", "bfloat16"),
-    "fp8": ("--quantization", "fp8"),
-    "all": ("--vae-bands", "4", "--text-encoder-on-cpu", "--vae-dtype", "bfloat16", "--quantization", "fp8"),
-}
 SAVINGS_CHUNKS = 4
 
 
@@ -318,7 +310,9 @@ def savings(check: Check) -> dict[str, Any]:
     chunks = 2 if check.target.rehearse else SAVINGS_CHUNKS
     rows: dict[str, Any] = {}
     exact: np.ndarray | None = None
-    for name, flags in SAVINGS_RUNS.items():
+    runs = {"exact": NO_SAVINGS, **CASES}
+    for name, saving in runs.items():
+        flags = " ".join(saving.names()).split()
         report = check.replay(f"savings_{name}", preset.name, chunks, extra=(*extra, *flags))
         frames = np.load(check.out / f"savings_{name}.npy")
         exact = frames if exact is None else exact

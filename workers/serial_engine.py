@@ -28,7 +28,7 @@ from workers.families.family import ChunkDenoiser, ContextEncoder, ControlTrack,
 from workers.families.registry import family_for
 from workers.images import fit_image, read_image, to_model_range
 from workers.models.checkpoint_files import require_checkpoint
-from workers.models.components import Precision, load_vae
+from workers.models.components import load_vae
 from workers.models.kernels import DEFAULT_KERNELS, KernelConfig, apply_to_process
 from workers.models.presets import ModelPreset, get_preset
 from workers.models.savings import NO_SAVINGS, Savings
@@ -151,12 +151,11 @@ class SerialEngine:
         apply_to_process(kernels, dev)
         family = family_for(preset)
         savings.check(dev)
-        context_device = torch.device("cpu") if savings.text_encoder_on_cpu else dev
         return SerialEngine(
             preset,
             family.load_dit_with(preset, dev, ckpt, weights_seed, kernels, savings),
             load_vae(preset, dev, ckpt, weights_seed, savings),
-            family.load_context_encoder(preset, context_device, ckpt, weights_seed, Precision.for_device(dev).context),
+            family.load_context_encoder_with(preset, dev, ckpt, weights_seed, savings),
             dev,
             cpu_threads,
         )

@@ -145,6 +145,22 @@ class ModelFamily(ABC):
         dit = quantize_blocks(self.load_dit(preset, host, checkpoint_dir, weights_seed, kernels, dtype))
         return apply_attention(dit.to(device), kernels, device)
 
+    def load_context_encoder_with(
+        self,
+        preset: ModelPreset,
+        device: torch.device,
+        checkpoint_dir: Path | None,
+        weights_seed: int,
+        savings: Savings,
+    ) -> ContextEncoder:
+        """`load_context_encoder` for a stage on `device`: on the host under `--text-encoder-on-cpu`,
+        in the dtype it would have on `device` (bf16 on a GPU). Its contexts stay where it runs; the
+        caller moves them to the stage's device."""
+        here = torch.device("cpu") if savings.text_encoder_on_cpu else device
+        return self.load_context_encoder(
+            preset, here, checkpoint_dir, weights_seed, Precision.for_device(device).context
+        )
+
     @abstractmethod
     def load_context_encoder(
         self,

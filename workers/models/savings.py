@@ -102,11 +102,6 @@ class Savings:
             int(record.get("vae_bands", 1)),
         )
 
-    def differences(self, other: Savings) -> list[str]:
-        """The settings that differ, each as `name: this vs other`."""
-        mine, theirs = self.record(), other.record()
-        return [f"{k}: {mine[k]} vs {theirs[k]}" for k in mine if mine[k] != theirs[k]]
-
     def check(self, device: torch.device) -> None:
         """Raise ValueError, naming what is missing, when a saving cannot run here."""
         import torch

@@ -8,11 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import torch
-
 from workers.families.registry import family_for
 from workers.images import to_model_range
-from workers.models.components import Precision, load_vae
+from workers.models.components import load_vae
 from workers.models.presets import get_preset
 from workers.parallel.group import StageGroup
 from workers.runtime.handler import StageHandler
@@ -36,12 +34,9 @@ class EncodeHandler(StageHandler):
         ckpt = Path(spec.checkpoint_dir) if spec.checkpoint_dir else None
         self.vae = load_vae(self.preset, self.device, ckpt, spec.weights_seed, spec.savings)
         family = family_for(self.preset)
-        # On the host under --text-encoder-on-cpu, in the dtype it would have here (bf16 on a GPU): the
-        # slot publish copies its context to this stage's device.
-        context_device = torch.device("cpu") if spec.savings.text_encoder_on_cpu else self.device
-        context_dtype = Precision.for_device(self.device).context
-        self.context_encoder = family.load_context_encoder(
-            self.preset, context_device, ckpt, spec.weights_seed, context_dtype
+        # The slot publish copies a context made on the host (--text-encoder-on-cpu) to this device.
+        self.context_encoder = family.load_context_encoder_with(
+            self.preset, self.device, ckpt, spec.weights_seed, spec.savings
         )
 
     def shared_state(self) -> dict[str, object]:

@@ -114,12 +114,11 @@ def fit_savings(
     capacity: Callable[[str], int | None],
     kernels: KernelConfig = DEFAULT_KERNELS,
     floor: Savings = NO_SAVINGS,
-    cuda_device_count: int | None = None,
 ) -> Choice:
     """The cheapest savings (at least `floor`) whose plan fits; PlacementError, naming each short
     device with every saving on and what would fit, when none does."""
     check_savings(floor, preset, placement, kernels)
     choice = choose_savings(preset, placement, max_sessions, capacity, kernels, floor)
     if not choice.fits:
-        check_fits(preset, placement, max_sessions, capacity, kernels, cuda_device_count, choice.savings)
+        check_fits(preset, placement, max_sessions, capacity, kernels, savings=choice.savings)
     return choice
