@@ -89,5 +89,6 @@ async def test_live_session_overlaps_dit_and_decode_and_repeats_nothing(server_u
     pytest.importorskip("matplotlib")
     assert client.info is not None
     picture, url = tmp_path / "live.svg", f"{server_url}/v1/sessions/{client.info['session_id']}/timeline"
-    assert timeline_main([url, "--token", client.info["token"], "--out", str(picture)]) == 0
+    # `--token=…` in one word: a URL-safe token may start with "-", which argparse would read as a flag.
+    assert timeline_main([url, f"--token={client.info['token']}", "--out", str(picture)]) == 0
     assert "pacer buffer" in picture.read_text()
