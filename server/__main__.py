@@ -34,6 +34,9 @@ def parse_args(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--model", help=f"model preset, or 'synthetic' for the timing model (default {DEFAULT_PRESET})")
     p.add_argument("--stage-ms", help="synthetic model: encode,dit,decode hold times in ms (default 100,800,500)")
     p.add_argument("--synthetic-geometry", help="synthetic model: preset whose tensor shapes flow (default 14B)")
+    p.add_argument(
+        "--synthetic-state-mib", type=float, help="synthetic model: state each session's DiT keeps (default 0)"
+    )
     p.add_argument("--dispatch", choices=[d.value for d in DispatchPolicy], help="when chunks start (default jit)")
     p.add_argument("--placement", help="placement preset or .json (default cpu)")
     p.add_argument(

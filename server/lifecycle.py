@@ -11,6 +11,9 @@ engine cannot run.
                        logged, naming the stage, and the process exits 1, so that whatever supervises
                        it can start it afresh.
 
+Whichever way, the process exits only after every process it started has (workers, and
+multiprocessing's resource tracker), reaped: its exit means everything is gone.
+
 uvicorn's own signal handling would stop listening at the first signal (no `/readyz` to tell a load
 balancer about the drain) and re-raise the signal at exit (status 128+n): `WorldServer` replaces it.
 """
@@ -28,6 +31,7 @@ import uvicorn
 from server.logs import redact_access_log
 from server.phase import Phase
 from server.state import AppState
+from workers.runtime.supervisor import reap_children
 
 log = logging.getLogger("worldrtc.server")
 
@@ -101,4 +105,5 @@ def serve(state: AppState, config: uvicorn.Config) -> int:
     server = WorldServer(config, state)
     redact_access_log()  # uvicorn.Config has set up its loggers by now
     server.run()
+    reap_children()  # the process's exit means every worker is gone
     return server.exit_code

@@ -34,6 +34,7 @@ class Settings(BaseSettings):
     model: str = DEFAULT_PRESET  # a preset, or "synthetic" (workers/runtime/synthetic.py)
     stage_ms: str | None = None  # synthetic model: "encode,dit,decode" hold times in ms
     synthetic_geometry: str | None = None  # synthetic model: the preset whose tensor shapes flow
+    synthetic_state_mib: float = Field(default=0.0, ge=0)  # synthetic model: each session's DiT state
     placement: str = "cpu"
     # The release's directory as published; without it a released preset resolves its files through
     # the Hugging Face cache (workers/models/resolve.py). assets_dir: where a DiT-only release's VAE,

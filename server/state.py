@@ -44,6 +44,7 @@ from server.start_image import start_image
 from server.waiting_room import QueueConfig, Ticket, WaitingRoom
 from workers.models.loading import model_events
 from workers.models.weights_digest import weights_digest
+from workers.runtime.channel import remove_orphaned_segments
 from workers.runtime.engine import PipelineEngine
 from workers.runtime.memory_plan import machine_capacity
 from workers.runtime.placement import get_placement
@@ -67,7 +68,9 @@ class Queued:
 class AppState:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.preset, synthetic = resolve_model(settings.model, settings.stage_ms, settings.synthetic_geometry)
+        self.preset, synthetic = resolve_model(
+            settings.model, settings.stage_ms, settings.synthetic_geometry, settings.synthetic_state_mib
+        )
         placement = get_placement(settings.placement)
         self.snapshot_plan_bytes = 0  # the smallest snapshot as the memory plan counts it (synthetic: tiny)
         # What runs: the savings asked for, and more (cheapest quality cost first) where the plan needs them.
@@ -87,6 +90,10 @@ class AppState:
             # The smallest a snapshot gets (after the condition encoder's fixed point): over the budget,
             # none can fit and it is refused before any copy; a larger early one is refused once measured.
             self.snapshot_plan_bytes = plan.snapshot_steady_bytes
+        # What an earlier server killed with all its workers at once (kill -9 of its process group,
+        # the OOM killer) left in shared memory: its workers could not unlink their channel files.
+        if orphans := remove_orphaned_segments():
+            log.warning("removed %d shared-memory files left by processes that no longer run", orphans)
         # Constructing the engine validates the placement against the model: a bad one fails now.
         self.engine = PipelineEngine(
             self.preset,

@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+
+from workers.models.safetensors_writer import write_safetensors
 
 
 class StateCaptureError(TypeError):
@@ -55,7 +57,7 @@ class StatePart:
     def save(self, path: Path) -> None:
         """Spill: `path`.pickle (the structure) and `path`.safetensors (the tensors)."""
         path.with_suffix(".pickle").write_bytes(self.structure)
-        save_file({str(i): t.contiguous() for i, t in enumerate(self.tensors)}, str(path.with_suffix(".safetensors")))
+        write_safetensors({str(i): t for i, t in enumerate(self.tensors)}, path.with_suffix(".safetensors"))
 
     @staticmethod
     def load(path: Path) -> StatePart:

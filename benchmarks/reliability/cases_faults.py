@@ -1,9 +1,10 @@
-"""Rows 8-11: workers that die, hang or cannot start, and a server that is killed.
+"""Rows 8-11 and 38: workers that die, hang or cannot start, and a server that is killed.
 
  8 worker SIGKILL       each stage (short: the DiT), 2 live sessions
  9 worker hang          SIGSTOP the DiT, 2 live sessions
 10 start failure        a corrupt checkpoint file; an unknown placement
 11 server SIGKILL       2 live sessions
+38 group SIGKILL        the server and every worker at once (2 live sessions), then a new server
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from benchmarks.reliability.harness import (
     ServerConfig,
     ServerUnderTest,
     alive,
+    all_ended,
     at_most,
     case,
     equal,
@@ -55,13 +57,6 @@ async def _viewers(url: str, n: int) -> list[Session]:
     return sessions
 
 
-async def _ended(sessions: list[Session], timeout_s: float) -> None:
-    """Until every session got `done` from the server."""
-    t0 = time.monotonic()
-    while any(s.run.done is None for s in sessions) and time.monotonic() - t0 < timeout_s:
-        await asyncio.sleep(POLL_S)
-
-
 def _ready(server: ServerUnderTest) -> int:
     try:
         return server.http.get("/readyz").status_code
@@ -77,7 +72,7 @@ async def _lose_a_stage(server: ServerUnderTest, stage: str, sig: signal.Signals
     os.kill(pid, sig)
     loop = asyncio.get_running_loop()
     detected = await loop.run_in_executor(None, wait_for, lambda: _ready(server) == 503, 15.0, POLL_S)
-    await _ended(viewers, 15.0)
+    await all_ended(viewers, 15.0)
     ended = [
         {
             "error_s": next((e["received_t"] - t0 for e in s.run.errors if e["code"] == "session_failed"), None),
@@ -244,4 +239,64 @@ def server_sigkill(lab: Lab, r: CaseResult) -> None:
     r.checks = [
         at_most("every worker gone after", gone_s, 2.0, " s"),
         equal("channel files left in /dev/shm", len(left), 0),
+    ]
+
+
+@case(
+    38,
+    "group SIGKILL",
+    "SIGKILL the server's whole process group at once (kill -9 -- -PGID) under 2 live sessions; start a new server",
+    "the killed tree leaves its channel files (nobody could unlink them); once the new server is ready, "
+    "0 files and 0 processes of the first are left; the new server streams",
+)
+def group_sigkill(lab: Lab, r: CaseResult) -> None:
+    first = start_server(list(SYNTHETIC), lab.log_dir / "group-sigkill.log")
+    tree: list[int] = []
+    try:
+        workers = [pid for pids in ServerUnderTest(first).worker_pids().values() for pid in pids]
+        tree = [first.proc.pid, *workers]
+
+        async def live_then_kill() -> None:
+            viewers = await _viewers(first.url, 2)
+            os.killpg(first.proc.pid, signal.SIGKILL)  # the OOM killer's or systemd's way: no one runs a handler
+            first.proc.wait(10)
+            for v in viewers:
+                await v.close()
+
+        asyncio.run(live_then_kill())
+        gone_s = wait_for(lambda: not any(alive(pid) for pid in tree), 10.0, POLL_S)
+        left_by_kill = sum(len(leaked_segments(pid)) for pid in tree)
+    finally:
+        kill_group(first)
+    second = start_server(list(SYNTHETIC), lab.log_dir / "group-sigkill-after.log")
+    try:
+        left_after = sum(len(leaked_segments(pid)) for pid in tree)
+        processes_after = [pid for pid in tree if alive(pid)]
+
+        async def stream() -> int:
+            session = await Session(second.url).start()
+            frames = 0
+            async for _ in session.frames(limit=FRAMES_BEFORE):
+                frames += 1
+            await session.close()
+            return frames
+
+        frames = asyncio.run(stream())
+    finally:
+        second.stop()
+        kill_group(second)
+    r.figures = {
+        "tree": tree,
+        "gone_s": gone_s,
+        "files_left_by_the_kill": left_by_kill,
+        "files_left_once_ready": left_after,
+        "processes_left_once_ready": processes_after,
+        "new_server_frames": frames,
+    }
+    r.checks = [
+        at_most("every process of the tree gone after", gone_s, 2.0, " s"),
+        holds("the kill left channel files (what the new server must clean)", left_by_kill > 0, left_by_kill),
+        equal("channel files of the first once the new server is ready", left_after, 0),
+        equal("processes of the first once the new server is ready", processes_after, []),
+        equal("frames from the new server", frames, FRAMES_BEFORE),
     ]

@@ -5,17 +5,20 @@
 14 abandoned sessions  no offer; ICE that never connects; a viewer killed mid-stream
 15 DTLS tampered       an offer whose fingerprint is not the client's certificate's
 22 session lifetime    defaults off loopback; both limits enforced and announced
+39 group SIGTERM       every process of the tree signalled at once (2 live sessions)
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import signal
 import time
 from typing import Any
 
 import httpx
+import psutil
 from aiortc import RTCPeerConnection
 
 from benchmarks.local_server import ServerProcess, start_server
@@ -25,6 +28,8 @@ from benchmarks.reliability.harness import (
     PeerProcess,
     ServerConfig,
     ServerUnderTest,
+    alive,
+    all_ended,
     at_most,
     below,
     case,
@@ -34,6 +39,7 @@ from benchmarks.reliability.harness import (
     wait_for,
 )
 from server.settings import DEFAULT_MAX_SESSION_S
+from workers.runtime.channel import leaked_segments
 from worldrtc import Session
 
 POLL_S = 0.02
@@ -317,4 +323,62 @@ def session_lifetime(lab: Lab, r: CaseResult) -> None:
         at_most("  … after", max_run[0], 4.0, " s"),
         equal("an idle session ends at idle_timeout_s (2 s)", idle_run[1], "idle"),
         at_most("  … after", idle_run[0], 3.5, " s"),
+    ]
+
+
+@case(
+    39,
+    "group SIGTERM",
+    "SIGTERM to every process of the server's tree at once (kill -TERM -- -PGID, as a service manager "
+    "does) under 2 live sessions; drain 2 s",
+    "the workers stay the server's (they keep streaming through the drain); both sessions close with "
+    "server_shutdown; exit 0 within drain + 5 s; 0 processes at the exit; 0 channel files",
+)
+def group_sigterm(lab: Lab, r: CaseResult) -> None:
+    drain_s = 2.0
+    config = ServerConfig().with_env(drain_timeout_s=drain_s)
+    process = start_server(list(config.args), lab.log_dir / "group-sigterm.log", env=dict(config.env))
+    server = ServerUnderTest(process)
+    tree = [process.proc.pid, *(c.pid for c in psutil.Process(process.proc.pid).children(recursive=True))]
+    try:
+
+        async def run() -> dict[str, Any]:
+            viewers = [await Session(server.url).start() for _ in range(2)]
+            for v in viewers:
+                await asyncio.wait_for(v.next_frame(), 60)
+            before = [len(v.run.frames) for v in viewers]
+            os.killpg(process.proc.pid, signal.SIGTERM)
+            loop = asyncio.get_running_loop()
+            code, exit_s = await loop.run_in_executor(None, exit_within, process, drain_s + 30)
+            left = [pid for pid in tree if alive(pid)]  # read at once, before anything here kills what is left
+            await all_ended(viewers, 5.0)
+            figures = {
+                "tree": tree,
+                "exit": [code, exit_s],
+                "processes_left_at_exit": left,
+                "frames_during_drain": [len(v.run.frames) - b for v, b in zip(viewers, before, strict=True)],
+                "done_codes": [(v.run.done or {}).get("code") for v in viewers],
+            }
+            for v in viewers:
+                await v.close()
+            return figures
+
+        f = asyncio.run(run())
+    finally:
+        server.close()
+        kill_group(process)
+    files = sum(len(leaked_segments(pid)) for pid in tree)
+    r.figures = f | {"channel_files_left": files}
+    fps = 16
+    r.checks = [
+        equal("exit status", f["exit"][0], 0),
+        at_most("exited after the signal", f["exit"][1], drain_s + 5, " s"),
+        holds(
+            "both sessions streamed through the drain",
+            min(f["frames_during_drain"]) >= 0.8 * fps * drain_s,
+            f["frames_during_drain"],
+        ),
+        equal("the sessions' done codes", f["done_codes"], ["server_shutdown"] * 2),
+        equal("processes left at the exit", f["processes_left_at_exit"], []),
+        equal("channel files left", files, 0),
     ]

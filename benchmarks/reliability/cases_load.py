@@ -40,6 +40,10 @@ from workers.chunk_geometry import chunk_num_frames
 from worldrtc import Session
 
 FPS = 16
+# How much longer than the sender's send window the server's arrival window may be (the data
+# channel's queue on a busy loopback, measured up to 25 ms on two cores): 12 messages at 120/s, a
+# tolerance a limiter letting through even 10 % too many exceeds.
+DELIVERY_SPREAD_S = 0.1
 KEYS = ("w", "a", "s", "d")
 
 
@@ -90,7 +94,9 @@ def control_flood(lab: Lab, r: CaseResult) -> None:
 
     f = asyncio.run(run())
     seconds = f["sent"]["seconds"]
-    allowed = rate * seconds + rate  # the bucket refills at `rate` and starts full (one second's worth)
+    # The bucket starts full (one second's worth) and refills at `rate` for as long as messages arrive:
+    # the sender's seconds, plus however much later than the first its last message reached the server.
+    allowed = rate * (seconds + DELIVERY_SPREAD_S) + rate
     r.figures = f | {"control_rate_per_s": rate, "allowed": allowed}
     r.checks = [
         at_least("messages sent per second", f["sent"]["messages"] / seconds, 1900.0),

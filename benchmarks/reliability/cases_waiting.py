@@ -171,13 +171,14 @@ def sigterm_full_line(lab: Lab, r: CaseResult) -> None:
                 figures["retry_after"] = during.headers.get("retry-after")
             code, exit_s = await asyncio.get_running_loop().run_in_executor(None, exit_within, process, 30)
             figures["exit"] = [code, exit_s]
+            # Read at once, before anything here kills what is left: an exit means all are gone.
+            figures["left_at_exit"] = [pid for pid in figures["pids"] if alive(pid)]
             figures["driver_done"] = (driver.run.done or {}).get("code")
             await driver.close()
 
         asyncio.run(run())
     finally:
         kill_group(process)
-    left = [pid for pid in figures.get("pids", []) if alive(pid)]
     segments = sum(len(leaked_segments(pid)) for pid in figures.get("pids", []))
     r.figures = figures
     r.checks = [
@@ -187,7 +188,7 @@ def sigterm_full_line(lab: Lab, r: CaseResult) -> None:
         equal("exit status", (figures.get("exit") or [None])[0], 0),
         at_most("exited after the signal", (figures.get("exit") or [None, None])[1], 2 + 5, " s"),
         equal("the driver's done code", figures.get("driver_done"), "server_shutdown"),
-        equal("processes left", left, []),
+        equal("processes left at the exit", figures.get("left_at_exit"), []),
         equal("shared-memory segments left", segments, 0),
     ]
 

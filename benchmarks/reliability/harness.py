@@ -10,6 +10,7 @@ break.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
@@ -18,7 +19,7 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -31,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.local_server import ServerProcess, local_server, log_tail
 from workers.runtime.channel import leaked_segments
+from worldrtc import Session
 
 # The synthetic timing model at the gridworld preset's shapes: real stage processes and channels,
 # stages that take a stated time and little CPU, so that what is measured is the server.
@@ -307,6 +309,13 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float, poll_s: float = 0.0
         if time.monotonic() - t0 > timeout_s:
             return None
         time.sleep(poll_s)
+
+
+async def all_ended(sessions: Sequence[Session], timeout_s: float, poll_s: float = 0.02) -> None:
+    """Until every session got `done` from the server, or `timeout_s`."""
+    t0 = time.monotonic()
+    while any(s.run.done is None for s in sessions) and time.monotonic() - t0 < timeout_s:
+        await asyncio.sleep(poll_s)
 
 
 def group_members(pgid: int) -> list[int]:

@@ -12,7 +12,9 @@ Transports, chosen by the producer's device:
 - CPU: one file per slot in /dev/shm (`worldrtc-<producer pid>-<channel id>-<n>`), mapped by both
   sides; `torch.frombuffer` gives zero-copy views. Not multiprocessing.shared_memory, whose resource
   tracker warns about and unlinks segments across processes. A crashed producer leaks its files:
-  `leaked_segments(pid)` finds them, `remove_segments(pid)` removes them.
+  `leaked_segments(pid)` finds them, `remove_segments(pid)` removes them (its supervisor does), and
+  `remove_orphaned_segments()` removes those of every producer that no longer runs (a server's
+  start does: a server killed with all its workers at once could not).
 - CUDA: slots are device tensors shared by CUDA IPC (torch's `reduce_tensor` args, opened once per
   slot), each with an interprocess event recorded after the producer's copy; the consumer's stream
   waits on it before reading, and the consumer synchronises its stream before acking, so the
@@ -55,6 +57,7 @@ from torch.multiprocessing.reductions import reduce_tensor
 SHM_DIR = Path("/dev/shm")
 SEGMENT_PREFIX = "worldrtc-"
 _CHANNEL_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_SEGMENT_OWNER = re.compile(rf"^{re.escape(SEGMENT_PREFIX)}(\d+)-")  # the producer's pid, in every channel file's name
 _SEGMENT_COUNTER = itertools.count()  # process-wide, so two producers of one channel id never collide
 
 Outcome = Literal["copied", "discarded"]
@@ -544,6 +547,35 @@ def remove_segments(pid: int) -> int:
     names = leaked_segments(pid)
     _unlink_paths(os.getpid(), [str(SHM_DIR / name) for name in names])
     return len(names)
+
+
+def remove_orphaned_segments() -> int:
+    """Unlink the channel files whose producer no longer runs, of any earlier server of this user:
+    one killed with its whole process group (systemd, `kill -9 -- -PGID`, the OOM killer) left them,
+    and nobody else will. A live producer's files are never touched (another server's included),
+    nor another user's. Returns how many."""
+    removed = 0
+    for name in leaked_segments():
+        match = _SEGMENT_OWNER.match(name)
+        if match is None or _running(int(match.group(1))):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            path = SHM_DIR / name
+            if path.stat().st_uid == os.getuid():
+                path.unlink()
+                removed += 1
+    return removed
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a process that can still unlink its own files (a zombie cannot)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # cannot tell: leave its files alone
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"  # the state follows the command name
 
 
 # ---- helpers ----

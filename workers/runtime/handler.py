@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,9 @@ class StageHandler:
         self.snapshots = SnapshotStore(f"{spec.stage.value}{spec.rank}")
         self._fault_rng: random.Random | None = None
         self._fault_fired = False
+        # Sends a reply from another thread (a save's writer), between the command loop's replies:
+        # the worker's process sets it (workers/runtime/worker.py).
+        self.reply_later: Callable[[Reply], None] = _no_reply_channel
 
     # ---- dispatch ----
 
@@ -111,7 +114,7 @@ class StageHandler:
             self.snapshots.spill(msg.snapshot_id, Path(msg.directory))
             return
         if isinstance(msg, KeepSnapshot):
-            yield self._keep_snapshot(msg)
+            self._keep_snapshot(msg)  # answered once written, by the writer thread
             return
         if isinstance(msg, OpenSession) and msg.snapshot is not None:
             if msg.snapshot_dir is not None:  # saved: its files are the part
@@ -141,15 +144,19 @@ class StageHandler:
             return SnapshotTaken(stage, rank, msg.session_id, msg.epoch, msg.snapshot_id, 0, error)
         return SnapshotTaken(stage, rank, msg.session_id, msg.epoch, msg.snapshot_id, part.nbytes)
 
-    def _keep_snapshot(self, msg: KeepSnapshot) -> SnapshotKept:
+    def _keep_snapshot(self, msg: KeepSnapshot) -> None:
+        """Write this worker's part of a save off the command loop (workers/runtime/snapshot_store.py):
+        chunks go on meanwhile. A failed write fails the save, nothing else."""
         stage, rank = self.spec.stage, self.spec.rank
+
+        def written(error: str | None) -> None:
+            why = None if error is None else f"{stage.value} stage (rank {rank}) could not write it: {error}"
+            self.reply_later(SnapshotKept(stage, rank, msg.snapshot_id, why))
+
         try:
-            self.snapshots.keep(msg.snapshot_id, Path(msg.directory))
-        except (KeyError, OSError) as exc:  # the save fails, nothing else: the part is kept as it was
-            return SnapshotKept(
-                stage, rank, msg.snapshot_id, f"{stage.value} stage (rank {rank}) could not write it: {exc}"
-            )
-        return SnapshotKept(stage, rank, msg.snapshot_id)
+            self.snapshots.keep(msg.snapshot_id, Path(msg.directory), written)
+        except KeyError as exc:
+            written(str(exc))
 
     # ---- helpers for subclasses ----
 
@@ -222,6 +229,10 @@ class StageHandler:
         self.consumer.close()
         if self.producer is not None:
             self.producer.close()
+
+
+def _no_reply_channel(reply: Reply) -> None:
+    raise RuntimeError(f"no reply channel for {type(reply).__name__}: the handler runs outside a worker process")
 
 
 class _Timer:

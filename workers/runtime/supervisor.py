@@ -14,10 +14,13 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from typing import Any
 
 from workers.runtime.channel import remove_segments
 from workers.runtime.messages import STAGES, Stage, StageFailed, WorkerReady
@@ -25,6 +28,7 @@ from workers.runtime.spec import WorkerSpec
 from workers.runtime.worker import worker_main
 
 READY_POLL_S = 0.1
+REAP_GRACE_S = 5.0  # a killed child, and the resource tracker once its pipe is closed, exit within this
 
 
 class EngineError(RuntimeError):
@@ -164,3 +168,37 @@ class WorkerSupervisor:
                 raise EngineError(msg.error)
             assert isinstance(msg, WorkerReady), msg
         p.alive = True
+
+
+def reap_children(timeout_s: float = REAP_GRACE_S) -> list[int]:
+    """Before the server process exits: every process it started is gone and reaped, so that its
+    exit means everything is gone (a service manager, or `wait`, takes it so). Stage workers the
+    engine has stopped are gone by now; any left are killed and their channel files unlinked.
+    multiprocessing's spawn start method also starts a resource tracker beside them, which exits
+    only once every holder of its pipe has: after this process, unless it is stopped here. Returns
+    the pids of the stage workers that had to be killed."""
+    left = mp.active_children()
+    for child in left:
+        child.kill()
+    for child in left:
+        child.join(timeout_s)
+        if child.pid is not None:
+            remove_segments(child.pid)
+    _stop_resource_tracker(timeout_s)
+    return [child.pid for child in left if child.pid is not None]
+
+
+def _stop_resource_tracker(timeout_s: float) -> None:
+    from multiprocessing import resource_tracker
+
+    tracker: Any = resource_tracker._resource_tracker  # the process-wide one spawn started (private API)
+    pid = tracker._pid
+    if pid is None:
+        return
+    # Closing its pipe ends it once no child holds the pipe; `_stop` then reaps it.
+    stopper = threading.Thread(target=tracker._stop, name="resource-tracker-stop", daemon=True)
+    stopper.start()
+    stopper.join(timeout_s)
+    if stopper.is_alive():  # a child we did not start holds its pipe
+        os.kill(pid, signal.SIGKILL)
+        stopper.join(timeout_s)

@@ -1,6 +1,7 @@
 """The synthetic timing model: the real pipeline with stages that hold for fixed times.
 
     python -m server --model synthetic --stage-ms 100,800,500 [--synthetic-geometry lingbot-world-v2-14b]
+        [--synthetic-state-mib 2048]
 
 Every stage runs in its real worker process and moves tensors of a real preset's shapes through the
 real channels (default: the 832×480 geometry of `lingbot-world-v2-14b`, so transport, frame
@@ -8,7 +9,8 @@ conversion and video encoding cost what they will in service), but instead of co
 its worker for its stated time per chunk (encode, DiT, decode). The decode stage's frames carry their
 own global frame number (`workers/frame_stamp.py`) over a moving background, so a client can tell
 new frames from repeats, and their order, exactly. This is how a deployment's pipelining, pacing and
-capacity are checked without a GPU.
+capacity are checked without a GPU. `state_mib` gives each session's DiT stage that much state (a
+real model's KV cache is GiBs), which a snapshot copies and a save writes to disk.
 """
 
 from __future__ import annotations
@@ -29,14 +31,17 @@ class SyntheticModel:
     dit_s: float = DEFAULT_STAGE_MS[1] / 1000
     decode_s: float = DEFAULT_STAGE_MS[2] / 1000
     geometry: str = DEFAULT_GEOMETRY  # the preset whose tensor shapes flow
+    state_mib: float = 0.0  # kept per session by the DiT stage (in a snapshot, in a save)
 
     def __post_init__(self) -> None:
         if min(self.encode_s, self.dit_s, self.decode_s) <= 0:
             raise ValueError("synthetic stage times must be positive")
+        if self.state_mib < 0:
+            raise ValueError(f"a synthetic session's state cannot be negative: {self.state_mib:g} MiB")
         get_preset(self.geometry)  # a clear error for an unknown geometry, now
 
     @staticmethod
-    def parse(stage_ms: str | None, geometry: str | None = None) -> SyntheticModel:
+    def parse(stage_ms: str | None, geometry: str | None = None, state_mib: float = 0.0) -> SyntheticModel:
         """From "encode,dit,decode" in milliseconds (e.g. "100,800,500"; None: the defaults)."""
         ms: tuple[float, ...] = DEFAULT_STAGE_MS
         if stage_ms is not None:
@@ -47,7 +52,7 @@ class SyntheticModel:
                 raise bad from None
             if len(ms) != 3:
                 raise bad
-        return SyntheticModel(ms[0] / 1000, ms[1] / 1000, ms[2] / 1000, geometry or DEFAULT_GEOMETRY)
+        return SyntheticModel(ms[0] / 1000, ms[1] / 1000, ms[2] / 1000, geometry or DEFAULT_GEOMETRY, state_mib)
 
     @property
     def stage_ms(self) -> str:
@@ -63,12 +68,12 @@ class SyntheticModel:
 
 
 def resolve_model(
-    name: str, stage_ms: str | None = None, geometry: str | None = None
+    name: str, stage_ms: str | None = None, geometry: str | None = None, state_mib: float = 0.0
 ) -> tuple[ModelPreset, SyntheticModel | None]:
-    """A model name as users give it: a preset, or `synthetic` with its stage times and geometry."""
+    """A model name as users give it: a preset, or `synthetic` with its stage times, geometry and state."""
     if name == SYNTHETIC:
-        synthetic = SyntheticModel.parse(stage_ms, geometry)
+        synthetic = SyntheticModel.parse(stage_ms, geometry, state_mib)
         return synthetic.preset(), synthetic
-    if stage_ms is not None or geometry is not None:
-        raise ValueError("stage times and a synthetic geometry only apply to --model synthetic")
+    if stage_ms is not None or geometry is not None or state_mib:
+        raise ValueError("stage times, a synthetic geometry and state only apply to --model synthetic")
     return get_preset(name), None

@@ -46,6 +46,7 @@ class SyntheticSession:
     # The DiT stage's prompt bookkeeping, as the real DiT keeps it (what its chunk receipts say);
     # the stand-in embeddings are one zero row.
     prompt: PromptContext
+    state: torch.Tensor  # the model's `state_mib` (bytes, resident): what a snapshot copies and a save writes
 
 
 class SyntheticHandler(StageHandler):
@@ -58,6 +59,7 @@ class SyntheticHandler(StageHandler):
             Stage.DECODE: spec.synthetic.decode_s,
         }[spec.stage]
         self.preset = get_preset(spec.synthetic.geometry)
+        self.state_bytes = int(spec.synthetic.state_mib * 2**20)
 
     def _hold_from(self, t0: float) -> float:
         """Sleep out the rest of the stage time since `t0`; returns the busy seconds."""
@@ -79,7 +81,8 @@ class SyntheticHandler(StageHandler):
             # Only the DiT keeps prompt bookkeeping; the other stages keep the chunk size alone.
             if stage is Stage.DIT:
                 prompt = PromptContext(msg.prompt, torch.zeros(1, 1), text_len=1)
-                self.sessions[msg.session_id] = SyntheticSession(msg.chunk_latent_frames, prompt)
+                state = torch.ones(self.state_bytes, dtype=torch.uint8)
+                self.sessions[msg.session_id] = SyntheticSession(msg.chunk_latent_frames, prompt, state)
             else:
                 self.sessions[msg.session_id] = msg.chunk_latent_frames
             yield SessionOpened(stage, rank, msg.session_id, msg.epoch, context=context, acks=acks)

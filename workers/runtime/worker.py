@@ -5,8 +5,10 @@ to stop. A failed command is reported upward naming the stage; nobody retries si
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
@@ -17,7 +19,7 @@ from workers.models.kernels import apply_to_process
 from workers.parallel.group import destroy_stage_group, init_stage_group
 from workers.runtime.channel import remove_segments
 from workers.runtime.handlers import build_handler
-from workers.runtime.messages import RAISED, Shutdown, StageFailed, WorkerReady
+from workers.runtime.messages import RAISED, Reply, Shutdown, StageFailed, WorkerReady
 from workers.runtime.parent_death import die_with_parent
 from workers.runtime.spec import WorkerSpec
 
@@ -45,6 +47,13 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         traceback.print_exc(file=sys.stderr)
         os._exit(1)
 
+    send_lock = threading.Lock()  # the command loop and a save's writer thread both reply
+
+    def send(reply: Reply) -> None:
+        with send_lock, contextlib.suppress(OSError):  # a scheduler that is gone hears nothing
+            conn.send(reply)
+
+    handler.reply_later = send
     try:
         while True:
             try:
@@ -56,13 +65,13 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
             session_id = getattr(msg, "session_id", None)
             try:
                 for reply in handler.handle(msg):
-                    conn.send(reply)
+                    send(reply)
             except Exception as exc:
                 # A multi-rank stage may be mid-collective on its peers: it cannot continue safely.
                 fatal = spec.world_size > 1
                 handler.drop_session(session_id)
                 error = f"{spec.stage.value} stage (rank {spec.rank}){RAISED}{type(exc).__name__}: {exc}"
-                conn.send(StageFailed(spec.stage, spec.rank, session_id, error, fatal=fatal))
+                send(StageFailed(spec.stage, spec.rank, session_id, error, fatal=fatal))
                 if fatal:
                     traceback.print_exc(file=sys.stderr)
                     os._exit(1)

@@ -9,12 +9,15 @@ import pickle
 import signal
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 from workers.runtime.channel import (
+    SEGMENT_PREFIX,
+    SHM_DIR,
     Ack,
     ChannelConsumer,
     ChannelProducer,
@@ -23,6 +26,7 @@ from workers.runtime.channel import (
     SlotRef,
     StaleAckError,
     leaked_segments,
+    remove_orphaned_segments,
     remove_segments,
 )
 
@@ -460,6 +464,26 @@ def test_crashed_producer_segments_can_be_removed() -> None:
     assert len(leaked_segments(pid)) == 2  # a producer that dies without closing leaks its files ...
     assert remove_segments(pid) == 2  # ... which its supervisor removes by pid
     assert leaked_segments(pid) == []
+
+
+def test_a_servers_start_removes_the_files_of_producers_that_no_longer_run(
+    channel: tuple[ChannelProducer, ChannelConsumer],
+) -> None:
+    """What a process group killed at once leaves: files named for a pid that no process has. A live
+    producer's files (this process's) stay."""
+    producer, _ = channel
+    producer.put(torch.ones(4))
+    ours = leaked_segments(os.getpid())
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    unused = next(pid for pid in range(pid_max - 1, 1, -1) if not Path(f"/proc/{pid}").exists())
+    orphan = SHM_DIR / f"{SEGMENT_PREFIX}{unused}-dit0-0"
+    orphan.write_bytes(b"\0" * 64)
+    try:
+        assert remove_orphaned_segments() >= 1
+        assert not orphan.exists()
+        assert leaked_segments(os.getpid()) == ours and ours
+    finally:
+        orphan.unlink(missing_ok=True)
 
 
 # ---- CUDA ----
