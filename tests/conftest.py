@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from workers.determinism import intra_op_threads
 from workers.models import components, loading
 from workers.models.presets import TINY
+from workers.models.weights_dir import CACHE_ENV
 from workers.runtime.channel import SEGMENT_PREFIX, leaked_segments, remove_segments
 
 # The checkpoint is written from the weights `weights_seed` gives each component (components.SEED_OFFSETS),
@@ -91,6 +92,17 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> TinyCheckpoint:
     torch.save(vae, root / loading.VAE_FILE)
     torch.save(t5, root / loading.T5_FILE)
     return TinyCheckpoint(path=root, dit=dit, vae=vae, t5=t5, weight_map=weight_map, weights_seed=seed)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_worldrtc_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """worldrtc's cache (composed weight directories, stored memory-plan traces) in a directory of the
+    run's own, for every test and every process it starts: a run neither reads what another left nor
+    leaves what a test's patched code traced; within the run, a server's start plans from the store."""
+    path = tmp_path_factory.mktemp("worldrtc-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(CACHE_ENV, str(path))
+        yield path
 
 
 @pytest.fixture

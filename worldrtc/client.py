@@ -88,6 +88,7 @@ class ClientRun:
     # The waiting room: (time, what the poll said) for each poll of the ticket, and `turn_ending` messages.
     waits: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
     turn_endings: list[dict[str, Any]] = field(default_factory=list)
+    pongs: list[dict[str, Any]] = field(default_factory=list)  # answers to `ping`, each with its received_t
 
     def session_frames(self) -> list[ReceivedFrame]:
         """`frames` with pts on the session's clock (what the `chunk` messages' pts ranges use)."""
@@ -364,6 +365,10 @@ class Session:
     def reset_pose(self) -> int:
         return self.send({"type": "reset_pose"})
 
+    def ping(self) -> int:
+        """The server answers `pong` (in `run.pongs`) once it has read every message sent before."""
+        return self.send({"type": "ping"})
+
     def prompt(self, text: str, transition_chunks: int = 1) -> int:
         """Change the world's prompt from the next chunk the DiT starts, blended over
         `transition_chunks` chunks; each chunk message's `prompt` says what its DiT read."""
@@ -450,3 +455,5 @@ class Session:
             self.run.rewinds.append(msg)
         elif kind == "turn_ending":
             self.run.turn_endings.append(msg)
+        elif kind == "pong":
+            self.run.pongs.append(msg)

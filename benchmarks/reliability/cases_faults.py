@@ -41,7 +41,11 @@ from benchmarks.reliability.harness import (
     kill_group,
     wait_for,
 )
+from workers.models.presets import DEFAULT_PRESET, get_preset
 from workers.runtime.channel import leaked_segments
+from workers.runtime.memory_plan import machine_capacity
+from workers.runtime.placement import get_placement
+from workers.runtime.savings_plan import fit_savings
 from worldrtc import Session
 
 FRAMES_BEFORE = 8  # frames each viewer gets before the fault
@@ -189,6 +193,9 @@ def _start_failure(args: list[str], log: Path, limit_s: float) -> dict[str, Any]
 )
 def start_failure(lab: Lab, r: CaseResult) -> None:
     lab.log_dir.mkdir(parents=True, exist_ok=True)
+    # As after any earlier start of the model on this machine, its memory plan's traces are stored
+    # (workers/runtime/footprint.py): the row times the workers' failure, not a first trace.
+    fit_savings(get_preset(DEFAULT_PRESET), get_placement("cpu"), 1, machine_capacity())
     with tempfile.TemporaryDirectory(prefix="worldrtc-broken-") as tmp:
         checkpoint = _broken_checkpoint(Path(tmp))
         bad_weights = _start_failure(["--checkpoint-dir", str(checkpoint)], lab.log_dir / "start-failure.log", 15)

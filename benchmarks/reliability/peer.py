@@ -39,6 +39,10 @@ def emit(event: str, **fields: Any) -> None:
     print(json.dumps({"event": event, **fields}), flush=True)
 
 
+PING_EVERY_S = 0.02
+DRAIN_TIMEOUT_S = 10.0
+
+
 async def hang(url: str, frames: int) -> None:
     session = await Session(url).start()
     assert session.info is not None
@@ -62,8 +66,23 @@ async def flood(url: str, rate: float, duration_s: float) -> None:
             sent += 1
         await asyncio.sleep(0.01)
     elapsed = time.perf_counter() - t0
-    await asyncio.sleep(0.5)  # let the channel drain before the counts are read
-    emit("sent", messages=sent, seconds=elapsed, errors=len(session.run.errors), done=session.run.done)
+    # The server reads the channel in order: its first pong comes once it has read the whole flood,
+    # which bounds the window over which the flood reached it. A ping that meets an empty bucket is
+    # refused like the rest: one more every PING_EVERY_S until one is answered.
+    pings = 0
+    while not session.run.pongs and time.perf_counter() - t0 < duration_s + DRAIN_TIMEOUT_S:
+        session.ping()
+        pings += 1
+        await asyncio.sleep(PING_EVERY_S)
+    drained = session.run.pongs[0]["received_t"] - t0 if session.run.pongs else None
+    emit(
+        "sent",
+        messages=sent + pings,
+        seconds=elapsed,
+        drained_s=drained,
+        errors=len(session.run.errors),
+        done=session.run.done,
+    )
     await session.close()
 
 

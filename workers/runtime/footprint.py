@@ -14,13 +14,25 @@ K/V) is computed exactly from their shapes (`ModelFamily.session_state_bytes`). 
 backend is `math`, attention is traced by a stand-in that allocates what a FlashAttention-class
 kernel does (its output and a float32 log-sum-exp per query), since on `meta` PyTorch would pick
 the math kernel and count an L × L score matrix that flash kernels never build.
+
+A trace takes seconds (the first one in a process also imports torch's dispatch machinery), and a
+server plans at every start: each result is kept on disk, under `$WORLDRTC_CACHE/footprints/`, keyed
+by the call's arguments, torch's version and the source of every module under `workers/` (the code
+traced), so that a restart of the same code on the same model reads it in a millisecond and any
+change to the code traces afresh. A store that cannot be read or written is skipped.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
+import json
+import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import torch
@@ -34,6 +46,9 @@ from workers.models.live_bytes import LiveBytes
 from workers.models.loading import build_on_meta
 from workers.models.presets import ModelPreset
 from workers.models.vae import WanVAE
+from workers.models.weights_dir import cache_root
+
+log = logging.getLogger(__name__)
 
 META = torch.device("meta")
 # Below this many weight bytes a float32 component is traced on the CPU with real (uninitialised)
@@ -82,6 +97,76 @@ def _flash_stand_in(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     return torch.empty_like(q)
 
 
+# False: every call traces (the tests of the trace itself).
+STORE = True
+WORKERS_DIR = Path(__file__).resolve().parents[1]
+
+
+@functools.cache
+def _code_digest() -> str:
+    """Of every module under workers/: a trace's result holds for the code that traced it."""
+    digest = hashlib.sha256(torch.__version__.encode())
+    for path in sorted(WORKERS_DIR.rglob("*.py")):
+        digest.update(path.relative_to(WORKERS_DIR).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _canonical(value: Any) -> Any:
+    """`value` as JSON that is the same in every process (a set's repr follows the hash seed)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: _canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {"__type__": type(value).__qualname__, **fields}
+    if isinstance(value, set | frozenset):
+        return sorted((_canonical(v) for v in value), key=lambda v: json.dumps(v, sort_keys=True))
+    if isinstance(value, list | tuple):
+        return [_canonical(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return repr(value)  # dtypes, enums: their reprs do not vary
+
+
+def _stored(fn: F) -> F:
+    """Keep `fn`'s results on disk (see the module docstring); results are footprints or tuples of them."""
+    kinds = {cls.__name__: cls for cls in (Footprint, DiTFootprint)}
+
+    def encode(result: Any) -> Any:
+        if isinstance(result, tuple):
+            return [encode(r) for r in result]
+        return {"kind": type(result).__name__, **dataclasses.asdict(result)}
+
+    def decode(data: Any) -> Any:
+        if isinstance(data, list):
+            return tuple(decode(d) for d in data)
+        fields = dict(data)
+        return kinds[fields.pop("kind")](**fields)
+
+    @functools.wraps(fn)
+    def stored(*args: Any, **kwargs: Any) -> Any:
+        if not STORE:
+            return fn(*args, **kwargs)
+        call = _canonical([fn.__name__, args, kwargs, REAL_TRACE_MAX_BYTES, _code_digest()])
+        key = json.dumps(call, sort_keys=True)
+        path = cache_root() / "footprints" / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
+        try:
+            return decode(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # not stored yet (or unreadable): trace
+        result = fn(*args, **kwargs)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(f".{os.getpid()}.partial")
+            partial.write_text(json.dumps(encode(result)))
+            partial.replace(path)  # whole or absent, for a server starting beside this one
+        except OSError as exc:
+            log.debug("footprints: cannot store %s (%s)", path, exc)
+        return result
+
+    return cast(F, stored)
+
+
 def _one_thread(fn: F) -> F:
     """Trace at one intra-op thread: the shapes are small or absent, and a server's other threads
     (or a busy machine) would otherwise make the thread pool spin far longer than the work takes."""
@@ -95,6 +180,7 @@ def _one_thread(fn: F) -> F:
 
 
 @functools.cache
+@_stored
 @_one_thread
 def dit_footprint(
     preset: ModelPreset, dtype: torch.dtype, math_attention: bool = False, fp8: bool = False
@@ -151,6 +237,7 @@ def dit_footprint(
 
 
 @functools.cache
+@_stored
 @_one_thread
 def vae_footprints(
     preset: ModelPreset, dtype: torch.dtype, bands: int = 1, host: bool = False
@@ -188,6 +275,7 @@ def vae_footprints(
 
 
 @functools.cache
+@_stored
 @_one_thread
 def context_encoder_footprint(preset: ModelPreset, dtype: torch.dtype) -> Footprint:
     """The family's context encoder (umT5 or CLIP): weights, and one session's encoding as the peak."""

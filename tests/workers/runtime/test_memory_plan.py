@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -43,7 +45,20 @@ def test_live_bytes_counts_new_storages_until_their_last_view_is_gone() -> None:
     assert live.live_bytes == 0
 
 
+@pytest.fixture
+def traced_afresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every footprint traced in the test, none read from the store or the process's cache."""
+    monkeypatch.setattr(footprint, "STORE", False)
+    caches = (footprint.dit_footprint, footprint.vae_footprints, footprint.context_encoder_footprint)
+    for fn in caches:
+        fn.cache_clear()
+    yield
+    for fn in caches:
+        fn.cache_clear()
+
+
 @pytest.mark.heavy
+@pytest.mark.usefixtures("traced_afresh")
 def test_traced_footprints_equal_the_real_objects() -> None:
     preset = get_preset("tiny")
     dit_fp = footprint.dit_footprint(preset, torch.float32)
@@ -64,6 +79,7 @@ def test_traced_footprints_equal_the_real_objects() -> None:
 
 
 @pytest.mark.heavy
+@pytest.mark.usefixtures("traced_afresh")
 def test_the_meta_trace_counts_what_the_real_trace_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     """Large models are traced on meta, small ones on the CPU: both must give one answer."""
     preset = get_preset("tiny")
@@ -71,12 +87,36 @@ def test_the_meta_trace_counts_what_the_real_trace_counts(monkeypatch: pytest.Mo
     monkeypatch.setattr(footprint, "REAL_TRACE_MAX_BYTES", 0)
     for fn in (footprint.dit_footprint, footprint.vae_footprints):
         fn.cache_clear()
-    try:
-        meta = (footprint.dit_footprint(preset, torch.float32), *footprint.vae_footprints(preset, torch.float32))
-    finally:
-        for fn in (footprint.dit_footprint, footprint.vae_footprints):
-            fn.cache_clear()
+    meta = (footprint.dit_footprint(preset, torch.float32), *footprint.vae_footprints(preset, torch.float32))
     assert meta == real
+
+
+@pytest.mark.heavy
+def test_a_trace_is_stored_for_the_next_process_and_read_back_equal(
+    own_worldrtc_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server's start reads its plan's traces from the store: the same footprints, for the same
+    arguments and code; a trace under other arguments is a trace of its own."""
+    preset = get_preset("tiny")
+    monkeypatch.setattr(footprint, "STORE", False)
+    footprint.vae_footprints.cache_clear()
+    traced = footprint.vae_footprints(preset, torch.float32, 2)
+    monkeypatch.setattr(footprint, "STORE", True)
+    footprint.vae_footprints.cache_clear()
+    stored_before = set((own_worldrtc_cache / "footprints").glob("*.json"))
+    assert footprint.vae_footprints(preset, torch.float32, 2) == traced  # traced, then stored
+    stored = set((own_worldrtc_cache / "footprints").glob("*.json")) - stored_before
+    assert len(stored) == 1
+    footprint.vae_footprints.cache_clear()  # as a new process: only the store is left
+
+    def no_trace(*args: object) -> None:  # a test double: any trace from here on fails the test
+        raise AssertionError("traced again")
+
+    monkeypatch.setattr(footprint, "_for_tracing", no_trace)
+    assert footprint.vae_footprints(preset, torch.float32, 2) == traced
+    with pytest.raises(AssertionError, match="traced again"):
+        footprint.vae_footprints(preset, torch.float32, 3)
+    footprint.vae_footprints.cache_clear()
 
 
 @pytest.mark.heavy
