@@ -139,6 +139,9 @@ class SnapshotStore:
                 self._write(write.snapshot_id, write.directory)
             except (SnapshotPartMissing, OSError) as exc:
                 error = str(exc)
+            except Exception as exc:  # the save fails, not the writer: later saves still get written
+                log.exception("%s: writing snapshot %s failed", self.name, write.snapshot_id)
+                error = f"{type(exc).__name__}: {exc}"
             write.on_done(error)
 
     def _write(self, snapshot_id: str, directory: Path) -> None:

@@ -10,6 +10,9 @@ import time
 from server.owned_tasks import OwnedTasks
 from server.protocol import EndReason
 from server.session_timers import SessionTimers
+from tests.support.waiting import wait_until_async
+
+WAIT_S = 5.0  # a deadline that has passed closes within this (a busy loop may run late, not never)
 
 
 class CloseLog:
@@ -28,11 +31,16 @@ async def settle(tasks: OwnedTasks, s: float) -> None:
 
 
 async def test_no_offer_closes_only_a_session_still_waiting_for_one() -> None:
-    for waiting, expected in ((True, [(EndReason.NO_OFFER, "no offer within 0.02 s")]), (False, [])):
-        tasks, close = OwnedTasks("t"), CloseLog()
-        SessionTimers(tasks, close).expect_offer(0.02, lambda waiting=waiting: waiting)
-        await settle(tasks, 0.08)
-        assert close.calls == expected
+    tasks, close = OwnedTasks("t"), CloseLog()
+    SessionTimers(tasks, close).expect_offer(0.02, lambda: True)
+    await wait_until_async(lambda: close.calls, WAIT_S, "the no-offer close")
+    await tasks.cancel_all()
+    assert close.calls == [(EndReason.NO_OFFER, "no offer within 0.02 s")]
+
+    tasks, close = OwnedTasks("t"), CloseLog()
+    SessionTimers(tasks, close).expect_offer(0.02, lambda: False)
+    await settle(tasks, 0.08)  # well past the deadline: nothing may happen
+    assert close.calls == []
 
 
 async def test_idle_follows_the_last_control_and_the_duration_caps_the_session() -> None:
@@ -40,18 +48,19 @@ async def test_idle_follows_the_last_control_and_the_duration_caps_the_session()
     last = [time.monotonic()]
     ticks: list[float] = []
     timers = SessionTimers(tasks, close)
-    timers.streaming(0.2, lambda: last[0], None, 0.01, lambda: ticks.append(time.monotonic()))
-    for _ in range(6):  # a control every 40 ms keeps the session alive past its 200 ms idle time
+    timers.streaming(0.5, lambda: last[0], None, 0.01, lambda: ticks.append(time.monotonic()))
+    for _ in range(20):  # a control every 40 ms keeps the session alive past its 500 ms idle time
         await asyncio.sleep(0.04)
         last[0] = time.monotonic()
     assert close.calls == [] and len(ticks) >= 5
-    await asyncio.sleep(0.4)
-    assert close.calls == [(EndReason.IDLE, "no control for 0.2 s")]
+    await wait_until_async(lambda: close.calls, WAIT_S, "the idle close")
+    assert close.calls == [(EndReason.IDLE, "no control for 0.5 s")]
     await tasks.cancel_all()
 
     tasks, close = OwnedTasks("t"), CloseLog()
     SessionTimers(tasks, close).streaming(None, time.monotonic, 0.03, 1.0, lambda: None)
-    await settle(tasks, 0.1)
+    await wait_until_async(lambda: close.calls, WAIT_S, "the duration's close")
+    await tasks.cancel_all()
     assert close.calls == [(EndReason.MAX_DURATION, "the session reached its maximum duration of 0.03 s")]
 
 
