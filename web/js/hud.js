@@ -5,7 +5,6 @@
 import { api } from "./api.js";
 import { el } from "./dom.js";
 import { currentFps, percentile } from "./latency.js";
-import { describeReceipt } from "./prompts.js";
 import { app, heldKeys, hook, lookAccepted } from "./state.js";
 
 const TIMELINE_POLL_MS = 1000; // the HUD strip's refresh (GET …/timeline)
@@ -245,4 +244,13 @@ export function renderKeyHelp(info) {
 
 export function wireHud() {
   el.timelineBtn.addEventListener("click", toggleTimeline);
+}
+
+// A chunk's receipt (its `prompt`: what that chunk's DiT read): the prompt, and during a transition
+// how far it has come.
+function describeReceipt(receipt) {
+  if (!receipt || typeof receipt.text !== "string") return null;
+  const text = receipt.text || "(no prompt)";
+  if (typeof receipt.weight !== "number") return text;
+  return `${text} · ${Math.round(100 * receipt.weight)}% from “${receipt.from || "no prompt"}”`;
 }

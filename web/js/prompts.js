@@ -43,11 +43,3 @@ export function wirePrompts() {
     el.livePromptStatus.textContent = text ? `Sent: “${text}”. It applies from the next chunk.` : "Sent: no prompt.";
   });
 }
-
-// A chunk's receipt, for the HUD: the prompt, and during a transition how far it has come.
-export function describeReceipt(receipt) {
-  if (!receipt || typeof receipt.text !== "string") return null;
-  const text = receipt.text || "(no prompt)";
-  if (typeof receipt.weight !== "number") return text;
-  return `${text} · ${Math.round(100 * receipt.weight)}% from “${receipt.from || "no prompt"}”`;
-}
