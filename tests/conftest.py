@@ -2,8 +2,9 @@
 test tiers.
 
 Tiers are markers: `processes` (starts worker processes, gloo ranks or subprocesses), `training`
-(runs training loops), `browser` (drives Chromium), `gpu` (needs CUDA), `heavy` (a model run of a
-second or more), `long` (15 s or more: `make test-long`), `slow` (soak; only on purpose).
+(runs training loops), `browser` (drives Chromium), `gpu` (needs CUDA), `heavy` (builds, loads or
+runs a model for half a second or more), `long` (11 s or more on two cores: `make test-long`), `slow`
+(soak; only on purpose).
 `make test-fast` runs the tests with none of them. The tier is enforced: a test without
 one of the process-starting markers that starts a process fails, naming the marker to add.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import multiprocessing.process
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Callable, Generator, Iterator
@@ -113,6 +115,21 @@ def single_thread_torch() -> Iterator[None]:
 
 
 PROCESS_MARKERS = ("processes", "training", "browser", "gpu", "slow", "container")
+
+# `-m "not (a or b or ...)"` (the tiers in the Makefile) deselects every test of a module whose
+# `pytestmark` carries one of the names: such a module is not even imported (the fast tier would
+# otherwise spend seconds importing the servers, peers and harnesses it never runs).
+EXCLUDING_ONLY = re.compile(r"not \((\w+(?: or \w+)*)\)")
+MODULE_MARKS = re.compile(r"^pytestmark = (.+)$", re.MULTILINE)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    excluded = EXCLUDING_ONLY.fullmatch(str(config.getoption("markexpr") or "").strip())
+    if excluded is None or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    line = MODULE_MARKS.search(collection_path.read_text())
+    marks = set(re.findall(r"pytest\.mark\.(\w+)", line.group(1))) if line else set()
+    return True if marks & set(excluded.group(1).split(" or ")) else None
 
 
 # Shared-memory channel files whose producer died, left behind by a test (its module fixtures'

@@ -32,6 +32,7 @@ def _numel(shape: tuple[int, ...]) -> int:
     return int(torch.Size(shape).numel())
 
 
+@pytest.mark.heavy
 def test_the_synthetic_checkpoint_has_the_released_sharded_layout(tmp_path) -> None:
     messages: list[str] = []
     written = checkpoint_load.write_checkpoint(TINY, tmp_path, SHARD_BYTES, seed=1, progress=messages.append)

@@ -21,6 +21,7 @@ def _replay(tmp_path: Path, name: str, *extra: str, chunks: int = 2, seed: int =
     return json.loads(out.read_text())
 
 
+@pytest.mark.long
 @pytest.mark.processes
 def test_run_report_and_video(tmp_path, capsys) -> None:
     video = tmp_path / "run.mp4"

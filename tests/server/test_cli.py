@@ -56,6 +56,7 @@ def test_help_lists_commands_presets_and_placements() -> None:
         assert subprocess.run([str(script), "--help"], capture_output=True, text=True).stdout == done.stdout
 
 
+@pytest.mark.long
 def test_verify_and_serve_resolve_the_14b_from_the_cache_without_a_directory(cache_14b: Path) -> None:
     env = offline(cache_14b)
     snapshot = cache_14b / "models--robbyant--lingbot-world-v2-14b-causal-fast" / "snapshots"

@@ -52,6 +52,7 @@ def _texts(chunks: list[dict[str, Any]]) -> list[str]:
     return [c["prompt"]["text"] for c in sorted(chunks, key=lambda c: c["index"])]
 
 
+@pytest.mark.long
 async def test_the_dit_reads_a_typed_prompt_from_a_chunk_on_and_the_recording_regenerates_it(
     model_url: str, tmp_path: Path
 ) -> None:

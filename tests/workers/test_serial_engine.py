@@ -46,6 +46,7 @@ def test_same_seed_same_frames_other_seed_other_frames(engine: SerialEngine) -> 
     assert not np.array_equal(a[0], c[0])
 
 
+@pytest.mark.heavy
 def test_frames_are_not_degenerate(engine: SerialEngine) -> None:
     frames = run(engine, [[]])[0]
     assert frames.std() > 1.0  # not a constant image

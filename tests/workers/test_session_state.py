@@ -32,7 +32,9 @@ def gridworld() -> SerialEngine:
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("taken_after", [1, 5], ids=["early", "after-window-roll"])
+@pytest.mark.parametrize(
+    "taken_after", [1, pytest.param(5, marks=pytest.mark.long)], ids=["early", "after-window-roll"]
+)
 def test_branch_continues_bit_exact(engine: SerialEngine, taken_after: int) -> None:
     """The window holds 12 latent frames of 4-frame chunks: after 5 chunks it has rolled."""
     session = engine.create_session(IMAGE, "a walk", seed=7)

@@ -162,13 +162,13 @@ async def test_each_way_of_going_reports_its_reason(state: str, code: EndReason,
 
 async def test_a_disconnected_connection_gets_its_grace() -> None:
     reports = Reports()
-    peer = peer_of(reports, disconnected_grace_s=0.5)
+    peer = peer_of(reports, disconnected_grace_s=0.3)
     connection = FakeConnection("disconnected")
     peer.pc = connection  # type: ignore[assignment]
     peer._on_connection_state()
     await asyncio.sleep(0.02)
     connection.connectionState = "connected"  # back within the grace (an ICE restart)
-    await asyncio.sleep(0.7)  # past the grace: nothing may happen
+    await asyncio.sleep(0.4)  # past the grace: nothing may happen
     assert reports.gone == []
     connection.connectionState = "disconnected"
     peer._on_connection_state()

@@ -48,13 +48,13 @@ async def test_idle_follows_the_last_control_and_the_duration_caps_the_session()
     last = [time.monotonic()]
     ticks: list[float] = []
     timers = SessionTimers(tasks, close)
-    timers.streaming(0.5, lambda: last[0], None, 0.01, lambda: ticks.append(time.monotonic()))
-    for _ in range(20):  # a control every 40 ms keeps the session alive past its 500 ms idle time
+    timers.streaming(0.3, lambda: last[0], None, 0.01, lambda: ticks.append(time.monotonic()))
+    for _ in range(10):  # a control every 40 ms keeps the session alive past its 300 ms idle time
         await asyncio.sleep(0.04)
         last[0] = time.monotonic()
     assert close.calls == [] and len(ticks) >= 5
     await wait_until_async(lambda: close.calls, WAIT_S, "the idle close")
-    assert close.calls == [(EndReason.IDLE, "no control for 0.5 s")]
+    assert close.calls == [(EndReason.IDLE, "no control for 0.3 s")]
     await tasks.cancel_all()
 
     tasks, close = OwnedTasks("t"), CloseLog()

@@ -77,6 +77,7 @@ def _released_layout(root: Path, preset: ModelPreset, seed: int) -> dict[str, di
     return states
 
 
+@pytest.mark.heavy
 def test_the_released_files_load_strictly_and_verify(tmp_path: Path) -> None:
     states = _released_layout(tmp_path, MATRIX_GAME_TINY, seed=11)
     require_checkpoint(MATRIX_GAME_TINY, tmp_path)  # every file where the release puts it
@@ -175,6 +176,7 @@ def test_memory_plan_and_placements() -> None:
     assert "CLIP ViT-H/14 weights (bfloat16)" in plan.describe()
 
 
+@pytest.mark.heavy
 def test_the_planned_session_state_is_what_a_session_holds(engine: SerialEngine) -> None:
     planned = dit_footprint(MATRIX_GAME_TINY, torch.float32)
     session = engine.create_session(IMAGE, seed=SEED)

@@ -35,6 +35,7 @@ def _camera_params(state_dict: dict[str, list[int]]) -> int:
 # ---- describe ----
 
 
+@pytest.mark.heavy
 def test_describe_14b_shapes_and_counts(capsys) -> None:
     info = _describe(capsys, "lingbot-world-v2-14b")
     assert {"preset", "params", "components"} <= set(info)
@@ -164,6 +165,7 @@ def test_verify_missing_files(capsys, tmp_path, tiny_checkpoint) -> None:
     assert "t5: missing checkpoint file" in out and loading.T5_FILE in out
 
 
+@pytest.mark.heavy
 def test_verify_wrong_preset_reports_shapes_and_tokenizer(capsys, tiny_checkpoint) -> None:
     assert main(["verify", "lingbot-world-v2-1.3b", "--checkpoint", str(tiny_checkpoint.path)]) == 1
     out = capsys.readouterr().out

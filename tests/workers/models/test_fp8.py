@@ -31,6 +31,7 @@ def test_a_quantized_linear_keeps_each_output_channel_within_e4m3s_rounding() ->
     assert q.weight_fp8.element_size() == 1
 
 
+@pytest.mark.heavy
 def test_every_block_linear_and_nothing_else_is_quantized_on_meta_too() -> None:
     preset = get_preset("lingbot-world-v2-1.3b")  # on meta: shapes only, no memory
     family = family_for(preset)

@@ -66,6 +66,7 @@ def test_the_14b_release_as_published_passes_verify(release_14b: Path, capsys: p
     assert "dit: ok" in out and "vae: ok" in out and "t5: ok" in out and "checkpoint matches the preset" in out
 
 
+@pytest.mark.heavy
 def test_the_13b_starts_from_its_own_download_and_the_14b_assets(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -123,6 +124,7 @@ def test_presets_pin_a_revision_and_name_only_the_files_they_read() -> None:
         HubFiles("org/name", "main", ("a",), 1)
 
 
+@pytest.mark.heavy
 def test_a_complete_cache_resolves_without_a_directory(tmp_path: Path, offline: None) -> None:
     cache = tmp_path / "hub"
     populate_hf_cache(cache, LINGBOT_14B_HUB, {LINGBOT_14B_REPO: _fresh_14b(tmp_path / "release")})
@@ -134,6 +136,7 @@ def test_a_complete_cache_resolves_without_a_directory(tmp_path: Path, offline: 
     assert (path / "transformers" / "diffusion_pytorch_model.safetensors.index.json").is_symlink()
 
 
+@pytest.mark.heavy
 def test_the_13b_resolves_from_two_repositories_in_the_cache(tmp_path: Path, offline: None) -> None:
     cache = tmp_path / "hub"
     populate_hf_cache(cache, LINGBOT_1_3B_HUB, _fresh_13b(tmp_path / "release"))
@@ -151,6 +154,7 @@ def test_offline_with_an_empty_cache_refuses_naming_repository_files_and_command
     assert "`worldrtc fetch lingbot-world-v2-14b`" in message
 
 
+@pytest.mark.heavy
 def test_a_partial_cache_asks_for_exactly_the_missing_files_at_the_pinned_revision(
     tmp_path: Path, online: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

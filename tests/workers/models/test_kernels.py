@@ -7,7 +7,6 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from torch._dynamo.utils import counters
 
 from benchmarks.kernels import Variant, run
 from server.settings import Settings
@@ -32,6 +31,7 @@ def _latents(backend: AttentionBackend, chunks: int = 3) -> torch.Tensor:
     return torch.cat([session.run_chunk(cond, poses) for _ in range(chunks)], dim=2)
 
 
+@pytest.mark.heavy
 def test_cpu_attention_backends_agree() -> None:
     reference = _latents(AttentionBackend.MATH)
     for backend in (AttentionBackend.FLASH, AttentionBackend.AUTO):
@@ -84,6 +84,7 @@ def test_deterministic_mode_turns_on_deterministic_algorithms(restore_determinis
     assert torch.equal(_latents(AttentionBackend.AUTO, chunks=2), _latents(AttentionBackend.AUTO, chunks=2))
 
 
+@pytest.mark.long
 @pytest.mark.processes  # inductor runs the C++ compiler
 def test_compiled_and_eager_gridworld_agree_and_sessions_reuse_the_graphs() -> None:
     eager, compiled = Variant(KernelConfig()), Variant(KernelConfig(compile=True))
@@ -92,6 +93,8 @@ def test_compiled_and_eager_gridworld_agree_and_sessions_reuse_the_graphs() -> N
     assert row["kernels"]["compile"] is True
     assert row["frames_vs_reference"]["within"], row["frames_vs_reference"]
     # Sessions share their worker's DiT: a second session on a compiled DiT compiles nothing new.
+    from torch._dynamo.utils import counters  # here: the import takes seconds of every collection
+
     preset = get_preset("gridworld")
     dit = apply_to_dit(load_dit(preset, CPU, None), KernelConfig(compile=True), CPU)
     cond = torch.zeros(1, 20, 4, preset.latent_height, preset.latent_width)

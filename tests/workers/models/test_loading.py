@@ -117,6 +117,7 @@ def test_missing_vae_file_is_file_not_found(tmp_path, tiny_checkpoint) -> None:
         components.load_vae(TINY, CPU, ckpt)
 
 
+@pytest.mark.heavy
 def test_serial_engine_from_checkpoint_matches_random_weights_engine(tiny_checkpoint, single_thread_torch) -> None:
     image = np.random.default_rng(0).integers(0, 256, size=(96, 160, 3), dtype=np.uint8)
     control = ChunkControl.from_keys(["w", "l"])

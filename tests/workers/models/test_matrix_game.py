@@ -106,6 +106,7 @@ def _on_meta(cfg: MatrixGameConfig) -> MatrixGameDiT:
     [(UNIVERSAL, 4, True), (GTA_DRIVE, 2, True), (TEMPLERUN, 7, False)],
     ids=["universal", "gta_drive", "templerun"],
 )
+@pytest.mark.heavy
 def test_state_dict_is_the_released_one(cfg: MatrixGameConfig, keyboard_dim: int, mouse: bool) -> None:
     dit = _on_meta(cfg)
     expected = released_shapes(keyboard_dim, mouse)
@@ -115,6 +116,7 @@ def test_state_dict_is_the_released_one(cfg: MatrixGameConfig, keyboard_dim: int
     dit.load_state_dict(strip_release_prefix(released), strict=True, assign=True)
 
 
+@pytest.mark.heavy
 def test_parameter_counts_of_the_released_shapes() -> None:
     counts = {
         "universal": UNIVERSAL,

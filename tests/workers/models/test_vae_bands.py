@@ -34,6 +34,7 @@ def test_more_bands_than_rows_is_refused_with_the_limit() -> None:
         vae.set_bands(most + 1, 64)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("bands", [2, 3])
 def test_a_banded_stream_encodes_and_decodes_what_one_pass_does(bands: int) -> None:
     preset = get_preset("gridworld")

@@ -48,7 +48,7 @@ def cpu_engine():
     engine.shutdown()
 
 
-@pytest.mark.parametrize("schedule", ["pipelined", "serial"])
+@pytest.mark.parametrize("schedule", ["pipelined", pytest.param("serial", marks=pytest.mark.long)])
 def test_pipeline_reproduces_serial_engine(schedule: str, cpu_engine: PipelineEngine) -> None:
     expected = reference_frames(seed=5, num_chunks=3)
     if schedule == "pipelined":
@@ -117,6 +117,7 @@ def test_worker_exception_fails_only_its_session(tmp_path) -> None:
         assert engine.stats()["counters"]["worker_restarts"] == 0
 
 
+@pytest.mark.long
 def test_killed_worker_is_detected_and_replaced() -> None:
     # A slowed DiT makes sure there is a command in flight to kill.
     faults = {Stage.DIT: FaultSpec(max_delay_s=0.5)}

@@ -141,6 +141,7 @@ def test_plan_cli_prints_every_part_per_device(capsys: pytest.CaptureFixture[str
         assert part in out, part
 
 
+@pytest.mark.long
 @pytest.mark.heavy
 def test_plan_cli_says_what_does_not_fit_and_what_would(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["plan", "lingbot-world-v2-14b", "--placement", "1gpu", "--max-sessions", "1", "--device-gib", "80"]
@@ -153,6 +154,7 @@ def test_plan_cli_says_what_does_not_fit_and_what_would(capsys: pytest.CaptureFi
     assert data["fits"] is False and data["device_totals"]["cuda:0"]["capacity_bytes"] == 80 * GIB
 
 
+@pytest.mark.long
 @pytest.mark.heavy
 def test_plan_cli_counts_the_sessions_that_fit_per_card_size(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["plan", "matrix-game-2-universal", "--placement", "1gpu", "--fit-gib", "8,16,24,80"]

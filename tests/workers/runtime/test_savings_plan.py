@@ -21,7 +21,7 @@ def _gpu_bytes(choice) -> int:
 @pytest.mark.parametrize(
     ("name", "target_gib"),
     [
-        ("lingbot-world-v2-1.3b", 20.0),  # one session on a 24 GB card
+        pytest.param("lingbot-world-v2-1.3b", 20.0, marks=pytest.mark.long),  # one session on a 24 GB card
         ("lingbot-world-v2-14b", 76.0),  # on one 80 GB card
         ("matrix-game-2-universal", 14.0),  # on a 16 GB card (14.9 GiB, less the driver's share)
     ],

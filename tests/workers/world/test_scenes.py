@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from server.scenes import SCENES_DIR, scene_names
@@ -11,6 +12,7 @@ from workers.world import EMBEDDED_WORLD_SEED, World
 from workers.world.scenes import render_scenes
 
 
+@pytest.mark.heavy
 def test_shipped_scenes_are_the_rendered_views() -> None:
     rendered = render_scenes(World.generate(EMBEDDED_WORLD_SEED), GRIDWORLD.height_px, GRIDWORLD.width_px)
     assert sorted(rendered) == scene_names()
