@@ -66,12 +66,12 @@ lint: setup
 	$(VENV)/bin/lint-imports
 
 # The default suite (under 15 minutes on two cores); it ends with its 20 slowest tests, which is
-# where to look when it grows. Streams and rehearsals of 11 s or more are `long` (make test-long,
-# which CI runs after this); soaks marked `slow` run only on purpose: `pytest -m slow`.
+# where to look when it grows. Tests of 11 s or more are `long` (make test-long, which CI runs after
+# this); soaks marked `slow` run only on purpose: `pytest -m slow`.
 test: lint packages parity-deps
 	$(PY) -m pytest -m "not (long or slow or container)" --durations=20 $(PYTEST_ARGS)
 
-# The long streams, soak rows at their short size and benchmark rehearsals (about 10 minutes).
+# Tests of 11 s or more: streams, reliability rows at their short size, rehearsals (about 20 minutes).
 test-long: packages parity-deps
 	$(PY) -m pytest -m "long and not (slow or container)" --durations=10 $(PYTEST_ARGS)
 
@@ -86,7 +86,8 @@ test-container: setup
 	  apt-get install -y -qq --no-install-recommends podman buildah runc debootstrap uidmap; }
 	$(PY) -m pytest -m container $(PYTEST_ARGS)
 
-# Seconds, not minutes: every test that starts no process, trains nothing and needs no browser.
+# Seconds, not minutes: every test that starts no process, trains nothing, needs no browser and
+# builds, loads or runs no model for half a second or more.
 test-fast: lint
 	$(PY) -m pytest -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
