@@ -61,6 +61,16 @@ async def _viewers(url: str, n: int) -> list[Session]:
     return sessions
 
 
+async def _new_session_frames(url: str) -> int:
+    """Frames a new session gets, up to FRAMES_BEFORE: whether the server streams (again)."""
+    session = await Session(url).start()
+    frames = 0
+    async for _ in session.frames(limit=FRAMES_BEFORE):
+        frames += 1
+    await session.close()
+    return frames
+
+
 def _ready(server: ServerUnderTest) -> int:
     try:
         return server.http.get("/readyz").status_code
@@ -90,11 +100,7 @@ async def _lose_a_stage(server: ServerUnderTest, stage: str, sig: signal.Signals
         await s.close()
     ready = await loop.run_in_executor(None, wait_for, lambda: _ready(server) == 200, RECOVERY_TIMEOUT_S, POLL_S)
     new_pid = server.worker_pids()[stage][0]
-    fresh = await Session(server.url).start()
-    frames = 0
-    async for _ in fresh.frames(limit=FRAMES_BEFORE):
-        frames += 1
-    await fresh.close()
+    frames = await _new_session_frames(server.url)
     return {
         "stage": stage,
         "pid": pid,
@@ -280,15 +286,7 @@ def group_sigkill(lab: Lab, r: CaseResult) -> None:
         left_after = sum(len(leaked_segments(pid)) for pid in tree)
         processes_after = [pid for pid in tree if alive(pid)]
 
-        async def stream() -> int:
-            session = await Session(second.url).start()
-            frames = 0
-            async for _ in session.frames(limit=FRAMES_BEFORE):
-                frames += 1
-            await session.close()
-            return frames
-
-        frames = asyncio.run(stream())
+        frames = asyncio.run(_new_session_frames(second.url))
     finally:
         second.stop()
         kill_group(second)
