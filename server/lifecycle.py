@@ -105,5 +105,6 @@ def serve(state: AppState, config: uvicorn.Config) -> int:
     server = WorldServer(config, state)
     redact_access_log()  # uvicorn.Config has set up its loggers by now
     server.run()
-    reap_children()  # the process's exit means every worker is gone
+    if killed := reap_children():  # the process's exit means every worker is gone
+        log.warning("killed %d worker processes still running at exit: %s", len(killed), killed)
     return server.exit_code
