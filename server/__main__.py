@@ -119,7 +119,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from server.app import create_app
     from server.lifecycle import serve
+    from workers.runtime.channel import remove_orphaned_segments
 
+    # What an earlier server killed with all its workers at once (kill -9 of its process group, the
+    # OOM killer) left in shared memory: its workers could not unlink their channel files.
+    if orphans := remove_orphaned_segments():
+        logging.getLogger("worldrtc.server").warning(
+            "removed %d shared-memory files left by processes that no longer run", orphans
+        )
     try:
         app = create_app(settings)
     except ValueError as exc:  # PlacementError included: placement, kernels, memory plan

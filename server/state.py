@@ -41,14 +41,12 @@ from server.snapshot import MadeWith, ServerSnapshot
 from server.snapshot_book import SnapshotBook
 from server.snapshot_shelf import SnapshotShelf
 from server.start_image import start_image
+from server.startup.memory_fit import MemoryFit, fit_memory
 from server.waiting_room import QueueConfig, Ticket, WaitingRoom
 from workers.models.loading import model_events
 from workers.models.weights_digest import weights_digest
-from workers.runtime.channel import remove_orphaned_segments
 from workers.runtime.engine import PipelineEngine
-from workers.runtime.memory_plan import machine_capacity
 from workers.runtime.placement import get_placement
-from workers.runtime.savings_plan import fit_savings
 from workers.runtime.snapshot_catalog import SnapshotBudget
 from workers.runtime.synthetic import SYNTHETIC, resolve_model
 
@@ -72,28 +70,10 @@ class AppState:
             settings.model, settings.stage_ms, settings.synthetic_geometry, settings.synthetic_state_mib
         )
         placement = get_placement(settings.placement)
-        self.snapshot_plan_bytes = 0  # the smallest snapshot as the memory plan counts it (synthetic: tiny)
-        # What runs: the savings asked for, and more (cheapest quality cost first) where the plan needs them.
-        self.savings = settings.savings
-        if synthetic is None:
-            # The same plan as `worldrtc plan`: a placement that cannot hold the model and max_sessions
-            # even with every saving fails now, naming the device, the shortfall and what would fit.
-            capacity = machine_capacity(settings.device_memory_gib, settings.host_memory_gib)
-            choice = fit_savings(
-                self.preset, placement, settings.max_sessions, capacity, settings.kernels, settings.savings
-            )
-            plan, self.savings = choice.plan, choice.savings
-            if self.savings != settings.savings:
-                log.warning("memory plan: to fit, the server adds savings: %s", self.savings.describe())
-            for device in plan.devices:
-                log.info("memory plan: %s", device.summary())
-            # The smallest a snapshot gets (after the condition encoder's fixed point): over the budget,
-            # none can fit and it is refused before any copy; a larger early one is refused once measured.
-            self.snapshot_plan_bytes = plan.snapshot_steady_bytes
-        # What an earlier server killed with all its workers at once (kill -9 of its process group,
-        # the OOM killer) left in shared memory: its workers could not unlink their channel files.
-        if orphans := remove_orphaned_segments():
-            log.warning("removed %d shared-memory files left by processes that no longer run", orphans)
+        # What runs: the savings asked for, and more where the plan needs them (server/startup/);
+        # the synthetic model needs none, and its snapshots are tiny.
+        fit = MemoryFit(settings.savings, 0) if synthetic else fit_memory(settings, self.preset, placement)
+        self.savings, self.snapshot_plan_bytes = fit.savings, fit.snapshot_plan_bytes
         # Constructing the engine validates the placement against the model: a bad one fails now.
         self.engine = PipelineEngine(
             self.preset,
