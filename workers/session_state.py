@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import io
 import pickle
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,7 +80,7 @@ class _Capture(pickle.Pickler):
             index = self.seen.get(id(obj))
             if index is None:
                 index = self.seen[id(obj)] = len(self.tensors)
-                self.tensors.append(obj.detach().clone())
+                self.tensors.append(obj.detach())  # copied once the graph is walked (`capture`)
             return ("tensor", index)
         if isinstance(obj, torch.nn.Module):
             raise StateCaptureError(f"a session points at a {type(obj).__name__} the capture was not told to share")
@@ -103,12 +103,49 @@ class _Restore(pickle.Unpickler):
         return self.made[index]
 
 
-def capture(obj: object, shared: Mapping[str, object]) -> StatePart:
-    """`obj`'s state with every tensor copied (on its own device) and `shared` kept by name."""
+# Where each tensor of a capture into host memory starts in its buffer: aligned for every dtype.
+_ALIGN_BYTES = 64
+
+HostMemory = Callable[[int], torch.Tensor]  # bytes -> a uint8 host buffer of at least that many
+
+
+def _walk(obj: object, shared: Mapping[str, object]) -> tuple[bytes, list[torch.Tensor]]:
+    """The pickled graph and the tensors it references, not yet copied."""
     buffer = io.BytesIO()
     pickler = _Capture(buffer, shared)
     pickler.dump(obj)
-    return StatePart(buffer.getvalue(), tuple(pickler.tensors))
+    return buffer.getvalue(), pickler.tensors
+
+
+def _host_offsets(tensors: list[torch.Tensor]) -> tuple[list[int], int]:
+    offsets, end = [], 0
+    for t in tensors:
+        offsets.append(end)
+        end += -(-t.numel() * t.element_size() // _ALIGN_BYTES) * _ALIGN_BYTES
+    return offsets, end
+
+
+def state_nbytes(obj: object, shared: Mapping[str, object]) -> int:
+    """The host memory a capture of `obj` takes (its tensors, aligned as `capture` lays them out)."""
+    return _host_offsets(_walk(obj, shared)[1])[1]
+
+
+def capture(obj: object, shared: Mapping[str, object], host_memory: HostMemory | None = None) -> StatePart:
+    """`obj`'s state with every tensor copied (on its own device) and `shared` kept by name.
+
+    With `host_memory`, a state held wholly on the CPU is copied into one buffer it gives (memory
+    already touched, so the copy is the capture's whole cost: a fresh allocation of hundreds of MiB
+    costs several times its copy in page faults, and more when the page cache has to make room)."""
+    structure, tensors = _walk(obj, shared)
+    if host_memory is None or any(t.device.type != "cpu" for t in tensors):
+        return StatePart(structure, tuple(t.clone() for t in tensors))
+    offsets, total = _host_offsets(tensors)
+    buffer = host_memory(total)
+    copies = []
+    for t, at in zip(tensors, offsets, strict=True):
+        view = buffer[at : at + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+        copies.append(view.copy_(t))
+    return StatePart(structure, tuple(copies))
 
 
 def restore(part: StatePart, shared: Mapping[str, object], device: torch.device) -> Any:

@@ -687,11 +687,11 @@ def another_lines_token(lab: Lab, r: CaseResult) -> None:
 
 
 # Row 40: a synthetic DiT keeping this much state per session: its save takes seconds to write on two
-# cores (with the write in the command loop, as before, 9 repeated frames), while a snapshot's copy at
-# the chunk boundary (a memcpy on the CPU, a device copy on a GPU) stays within the pipeline's slack
-# (about 0.4 s here), except when the page cache is full of earlier saves: then that copy waits for
-# memory and the stream stalls (0.75 s once, after the long tier's other rows). Half the state makes
-# the write fit the slack even in the command loop, so the row would tell nothing.
+# cores (with the write in the command loop, as before, 9 repeated frames). A snapshot's copy at the
+# chunk boundary (a device copy on a GPU) is a copy into host memory the worker keeps ready on the
+# CPU (workers/runtime/host_reserve.py: 0.09 s here, against 0.55 s for fresh memory, which stalled
+# the stream 0.75 s once with the page cache full of earlier saves). Half the state makes the write
+# fit the pipeline's slack even in the command loop, so the row would tell nothing.
 SAVE_STATE_MIB = 512
 SAVE_LEAD_S = 2.0  # streaming before and after the save, for the rate it is compared with
 

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.processes
 
 # Rows whose short size takes 11 s or more on two cores (streams, waits, servers of their own).
 LONG_ROWS = frozenset(
-    {2, 4, 5, 7, 8, 9, 10, 12, 13, 14, 15, 16, 20, 21, 22, 23, 24, 27, 28, 29, 30, 31, 33, 34, 35, 36, 37, 38, 39}
+    {2, 4, 5, 7, 8, 9, 10, 12, 13, 14, 15, 16, 20, 21, 22, 23, 24, 27, 28, 29, 30, 31, 33, 34, 35, 36, 37, 38, 39, 40}
 )
 
 
@@ -47,14 +47,7 @@ def test_every_row_of_the_table_has_a_case() -> None:
     assert sorted(CASES) == list(ROWS)
 
 
-# Row 40 stalls on its snapshot's copy when the page cache is full of earlier saves
-# (benchmarks/reliability/cases_snapshots.py, SAVE_STATE_MIB): run on purpose, `pytest -m slow -k "row and 40"`.
-ON_PURPOSE_ROWS = frozenset({40})
-
-
 def _row(n: int) -> object:
-    if n in ON_PURPOSE_ROWS:
-        return pytest.param(n, marks=pytest.mark.slow)
     return pytest.param(n, marks=pytest.mark.long) if n in LONG_ROWS else n
 
 

@@ -8,7 +8,7 @@ import torch
 
 from workers.controls import ChunkControl
 from workers.serial_engine import SerialEngine, SerialSession
-from workers.session_state import StateCaptureError, StatePart, capture
+from workers.session_state import StateCaptureError, StatePart, capture, restore, state_nbytes
 
 IMAGE = (np.random.default_rng(1).random((128, 128, 3)) * 255).astype(np.uint8)
 WALK = [["w"], ["w", "d"], ["a"], ["s"], ["w"], ["l"], ["r"], []]
@@ -85,6 +85,43 @@ def test_capture_refuses_an_unnamed_module() -> None:
     with pytest.raises(StateCaptureError, match="Linear"):
         capture(holder, {})
     assert capture(holder, {"layer": holder["layer"]}).tensors == ()
+
+
+def test_capture_into_host_memory_restores_every_dtype_and_shape(tmp_path) -> None:
+    """Copied into one buffer it is given: every tensor a view of it, at an aligned offset; the part
+    restores equal, saves and loads equal, and is independent of the session it was taken from."""
+    shared_tensor = torch.arange(5, dtype=torch.int64)
+    state = {
+        "kv": torch.randn(3, 4, 5),
+        "mask": torch.tensor([True, False, True]),
+        "step": torch.tensor(7, dtype=torch.int16),
+        "empty": torch.empty(0, 3),
+        "a": shared_tensor,
+        "b": shared_tensor,  # referenced twice: copied once, restored as one tensor
+        "strided": torch.arange(12.0).view(3, 4).t(),
+    }
+    given: list[torch.Tensor] = []
+
+    def host_memory(nbytes: int) -> torch.Tensor:
+        given.append(torch.full((nbytes,), 255, dtype=torch.uint8))
+        return given[-1]
+
+    part = capture(state, {}, host_memory)
+    assert len(given) == 1 and len(part.tensors) == 6
+    base = given[0].data_ptr()
+    at = [t.data_ptr() - base for t in part.tensors if t.numel()]
+    assert len(at) == 5 and all(0 <= a < len(given[0]) and a % 64 == 0 for a in at), at
+    kv = state["kv"].clone()
+    state["kv"].add_(1.0)  # the session goes on: the part keeps the state as it was taken
+    back = restore(part, {}, torch.device("cpu"))
+    assert torch.equal(back["kv"], kv)
+    for key in ("mask", "step", "empty", "a", "strided"):
+        assert back[key].dtype == state[key].dtype and torch.equal(back[key], state[key]), key
+    assert back["a"] is back["b"]
+    part.save(tmp_path / "part")
+    loaded = restore(StatePart.load(tmp_path / "part"), {}, torch.device("cpu"))
+    assert torch.equal(loaded["strided"], state["strided"]) and torch.equal(loaded["mask"], state["mask"])
+    assert state_nbytes(state, {}) == len(given[0])
 
 
 def test_branch_refuses_another_models_snapshot() -> None:

@@ -8,6 +8,7 @@ worker spec to its handler.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
@@ -19,6 +20,7 @@ import torch
 
 from workers.parallel.group import StageGroup
 from workers.runtime.channel import Ack, ChannelConsumer, ChannelProducer, SlotGoneError, StaleAckError
+from workers.runtime.host_reserve import HostReserve
 from workers.runtime.messages import (
     ChunkDone,
     CloseSession,
@@ -43,7 +45,7 @@ from workers.runtime.messages import (
 from workers.runtime.peak_memory import measure_peak_memory
 from workers.runtime.snapshot_store import SnapshotStore
 from workers.runtime.spec import WorkerSpec
-from workers.session_state import capture, restore
+from workers.session_state import StateCaptureError, capture, restore, state_nbytes
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,7 @@ class StageHandler:
         )
         self.sessions: dict[str, Any] = {}
         self.snapshots = SnapshotStore(f"{spec.stage.value}{spec.rank}")
+        self.host_reserve = HostReserve() if self.device.type == "cpu" else None
         self._fault_rng: random.Random | None = None
         self._fault_fired = False
         # Sends a reply from another thread (a save's writer), between the command loop's replies:
@@ -122,9 +125,12 @@ class StageHandler:
             else:
                 part = self.snapshots.get(msg.snapshot)
             self.sessions[msg.session_id] = restore(part, self.shared_state(), self.device)
+            self._expect_snapshot(msg.session_id)
             yield SessionOpened(self.spec.stage, self.spec.rank, msg.session_id, msg.epoch)
             return
         yield from self.handle_stage(msg)
+        if isinstance(msg, OpenSession):
+            self._expect_snapshot(msg.session_id)
 
     def handle_stage(self, msg: Command) -> Iterator[Reply]:
         raise NotImplementedError
@@ -133,10 +139,19 @@ class StageHandler:
         """What this stage's sessions point at and a snapshot keeps by name: its modules, its group."""
         return {}
 
+    def _expect_snapshot(self, session_id: str) -> None:
+        """A CPU stage readies host memory for a snapshot of the session it just opened."""
+        if self.host_reserve is None or session_id not in self.sessions:
+            return
+        # A state that cannot be captured fails its snapshots, saying why, when they are asked for.
+        with contextlib.suppress(StateCaptureError):
+            self.host_reserve.expect(state_nbytes(self.sessions[session_id], self.shared_state()))
+
     def _take_snapshot(self, msg: TakeSnapshot) -> SnapshotTaken:
         stage, rank = self.spec.stage, self.spec.rank
+        take = self.host_reserve.take if self.host_reserve is not None else None
         try:
-            part = capture(self.sessions[msg.session_id], self.shared_state())
+            part = capture(self.sessions[msg.session_id], self.shared_state(), take)
             self.snapshots.put(msg.snapshot_id, part)
         except Exception as exc:  # the snapshot fails, not the session: its state was only read
             log.exception("%s: snapshot %s failed", self.spec.name, msg.snapshot_id)
