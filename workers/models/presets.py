@@ -212,6 +212,21 @@ GRIDWORLD_4X = replace(
 )
 
 
+# The responsive embedded world: gridworld's VAE and DiT trunk, fine-tuned to chunks of one latent
+# frame (4 video frames, 0.25 s; the first chunk is the start image alone), so a key press waits a
+# quarter of the time for the next sample of the controls. Its first-chunk training steps span the
+# first 4 latent frames (4 of its chunks), as gridworld's span its first chunk. Trained with
+# `python -m workers.training --preset gridworld-responsive` (docs/embedded-world.md).
+GRIDWORLD_RESPONSIVE = replace(
+    GRIDWORLD,
+    name="gridworld-responsive",
+    chunk_latent_frames=1,
+    weights_note="gridworld fine-tuned to chunks of 0.25 s: a key press shows sooner (docs/embedded-world.md)",
+    tags=("cpu", "embedded"),
+    bundled_weights="gridworld-responsive",
+)
+
+
 def _matrix_game(
     name: str, variant: MatrixGameVariant, steps: tuple[int, ...], dit_bytes: int = 0, **kw: object
 ) -> ModelPreset:
@@ -269,6 +284,7 @@ PRESETS: dict[str, ModelPreset] = {
         LINGBOT_1_3B,
         GRIDWORLD,
         GRIDWORLD_4X,
+        GRIDWORLD_RESPONSIVE,
         TINY,
         MATRIX_GAME_UNIVERSAL,
         MATRIX_GAME_GTA,

@@ -45,6 +45,7 @@ from workers.training.decoder_tune import DecoderTuneConfig, tune_decoder
 from workers.training.dit_train import (
     DiTTrainConfig,
     LatentSet,
+    first_span_frames,
     make_optimizer,
     new_dit,
     random_text_encoder,
@@ -264,7 +265,8 @@ def phase_events(args: argparse.Namespace, preset: ModelPreset) -> None:
 
 
 def phase_moves(args: argparse.Namespace, preset: ModelPreset) -> None:
-    _build_set(args, preset, "moves", first_chunk_set(args.move_starts, args.seed, args.workers))
+    chunks = first_span_frames(preset, _dit_config(args)) // preset.chunk_latent_frames
+    _build_set(args, preset, "moves", first_chunk_set(args.move_starts, args.seed, args.workers, chunks))
 
 
 def _dit_config(args: argparse.Namespace) -> DiTTrainConfig:
@@ -301,7 +303,8 @@ def phase_dit(args: argparse.Namespace, preset: ModelPreset) -> None:
         raise FileNotFoundError(f"no walks in {args.out} ({', '.join(f'{n}.pt' for n in WALK_SETS)})")
     data = LatentSet.concat(list(walks.values()))
     moves = _load_set(args, preset, "moves")
-    first = LatentSet.first_chunks([data, *([moves] if moves else [])], preset.chunk_latent_frames)
+    span = first_span_frames(preset, _dit_config(args))
+    first = LatentSet.first_chunks([data, *([moves] if moves else [])], span, preset.chunk_latent_frames)
     counts = ", ".join(f"{len(s)} from {name}.pt" for name, s in walks.items())
     print(f"[dit] {len(data)} walks ({counts}); first-chunk steps draw from {len(first)} clips", flush=True)
     text = random_text_encoder(preset)

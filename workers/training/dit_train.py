@@ -95,6 +95,10 @@ class DiTTrainConfig:
     # where a session starts from a real image and where the camera must take the view somewhere;
     # it costs a quarter of a clip, so these steps see 2× the clips at about half the cost.
     first_chunk_share: float = 0.5
+    # What those steps train: the clips' first latent frames, at least this many (whole chunks), so
+    # that they always see the view taken somewhere: one chunk of 4 latent frames, or four of a
+    # preset whose chunk is one latent frame (its first chunk is the start image alone).
+    first_span_latent_frames: int = 4
     # Autocast matmuls to bf16 (fp32 master weights); None: where it is fast (`bf16_is_fast`). It is
     # 1.8× faster on AVX-512 CPUs, and 10-14× SLOWER on CPUs without AVX-512 (an AVX2 AMD EPYC: a
     # 4-chunk step 25 s against 2.5 s in float32), where PyTorch emulates bf16 arithmetic.
@@ -156,9 +160,10 @@ class LatentSet:
         return LatentSet._join(sets, None, None)
 
     @staticmethod
-    def first_chunks(sets: list[LatentSet], frames: int) -> LatentSet:
-        """All clips of `sets`, cut to their first chunk (`frames` latent frames), as one set."""
-        return LatentSet._join(sets, frames, 1)
+    def first_chunks(sets: list[LatentSet], frames: int, chunk: int) -> LatentSet:
+        """All clips of `sets`, cut to their first `frames` latent frames (whole chunks of `chunk`), as
+        one set."""
+        return LatentSet._join(sets, frames, frames // chunk)
 
     @staticmethod
     def _join(sets: list[LatentSet], frames: int | None, chunks: int | None) -> LatentSet:
@@ -189,6 +194,12 @@ class LatentSet:
         f = slice(0, frames)
         latents, conds = self.latents[idx][:, :, f], self.conds[self.start_of[idx]][:, :, f]
         return latents.float(), conds.float(), self.cameras[self.camera_of[idx]][:, :, f].float()
+
+
+def first_span_frames(preset: ModelPreset, cfg: DiTTrainConfig) -> int:
+    """The latent frames a first-chunk step trains: whole chunks, at least `first_span_latent_frames`."""
+    chunk = preset.chunk_latent_frames
+    return chunk * max(1, -(-cfg.first_span_latent_frames // chunk))
 
 
 def random_text_encoder(preset: ModelPreset) -> TextEncoder:
@@ -403,7 +414,7 @@ def train_dit(
         rollout = not first_only and rng.random() < cfg.rollout_share
         source = first_data if first_only else data
         batch = min(2 * cfg.batch, len(source)) if first_only else cfg.batch
-        frames = preset.chunk_latent_frames if first_only else data.frames
+        frames = first_span_frames(preset, cfg) if first_only else data.frames
         idx = torch.from_numpy(rng.choice(len(source), batch, replace=False))
         x0, cond, cams = (t.to(device) for t in source.batch(idx, frames))
         text = _batch_text(source, idx, frames // preset.chunk_latent_frames, rng, embedding)

@@ -94,10 +94,11 @@ SECOND_SWITCH = 0.35  # of the others: a second switch later in the walk, back t
 MOVE_STARTS = 1500  # starts of the shipped weights' first-chunk set: 6000 clips, about 15 min on 2 cores
 
 
-def first_chunk_set(starts: int, seed: int, workers: int) -> LatentSetConfig:
-    """Many starts, one chunk, four different single moves from each."""
+def first_chunk_set(starts: int, seed: int, workers: int, chunks: int = 1) -> LatentSetConfig:
+    """Many starts, four different single moves from each, held for `chunks` chunks (the span of the
+    DiT's first-chunk steps: one chunk, or several short ones)."""
     return LatentSetConfig(
-        starts=starts, paths_per_start=4, chunks=1, controls="moves", stream=2, seed=seed, workers=workers
+        starts=starts, paths_per_start=4, chunks=chunks, controls="moves", stream=2, seed=seed, workers=workers
     )
 
 

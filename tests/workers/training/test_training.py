@@ -234,7 +234,7 @@ def test_an_event_set_keeps_each_walks_prompt_per_chunk_and_training_reads_it(tm
     )
     joined = LatentSet.concat([walks, events])
     assert joined.prompts == [None] * len(walks) + data["prompts"]
-    first = LatentSet.first_chunks([joined], SMALL.chunk_latent_frames)
+    first = LatentSet.first_chunks([joined], SMALL.chunk_latent_frames, SMALL.chunk_latent_frames)
     assert first.prompts == [None] * len(walks) + [p[:1] for p in data["prompts"]]
     cfg = DiTTrainConfig(steps=2, batch=2, first_chunk_share=0.5, checkpoint_every=2)
     train_dit(SMALL, joined, random_text_encoder(SMALL), tmp_path, cfg, first_chunk_data=first)
@@ -318,7 +318,7 @@ def test_first_chunk_set_holds_different_single_moves_from_new_starts(tmp_path: 
 
     walks, extra = LatentSet.from_data(walks_data, SMALL), LatentSet.from_data(moves_data, SMALL)
     assert len(extra.cameras) == len(set(moves))  # clips of the same move share one camera input
-    first = LatentSet.first_chunks([walks, extra], chunk)
+    first = LatentSet.first_chunks([walks, extra], chunk, chunk)
     assert len(first) == 16 and first.frames == chunk
     for i, (source, j) in enumerate([(walks, n) for n in range(8)] + [(extra, n) for n in range(8)]):
         got, want = first.batch(torch.tensor([i])), source.batch(torch.tensor([j]), chunk)
