@@ -76,7 +76,7 @@ def start_server(
 ) -> ServerProcess:
     """Start a server and wait until it is warm; the caller stops it. `env`: extra environment, e.g.
     WORLDRTC_* settings that have no flag. `host` None: the server's default bind. `port` None: a free one.
-    `entry`: how it is started, after the interpreter (`-m server.cli serve` is `worldrtc serve`)."""
+    `entry`: how it is started, after the interpreter (`-m worldrtc serve` is `worldrtc serve`)."""
     port = free_port() if port is None else port
     cmd = [sys.executable, *entry, *(("--host", host) if host else ()), "--port", str(port), *args]
     # No saves on disk unless asked for (WORLDRTC_SNAPSHOT_DIR in `env` or the environment): a

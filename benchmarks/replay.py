@@ -67,9 +67,11 @@ DEFAULT_IMAGE = ASSETS / "default_start.png"
 STAGES = ("encode", "dit", "decode")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.replay", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=DEFAULT_PRESET, choices=[*sorted(PRESETS), SYNTHETIC], help="model preset")
+def parse_args(argv: list[str] | None = None, prog: str = "python -m benchmarks.replay") -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    models = [*sorted(PRESETS), SYNTHETIC]
+    p.add_argument("preset", nargs="?", metavar="MODEL", choices=models, help=f"as --model (default {DEFAULT_PRESET})")
+    p.add_argument("--model", default=None, choices=models, help="model preset")
     p.add_argument("--stage-ms", default=None, help="synthetic model: encode,dit,decode hold times in ms")
     p.add_argument("--synthetic-geometry", default=None, help="synthetic model: preset whose tensor shapes flow")
     p.add_argument(
@@ -85,7 +87,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="control trace (TeleFuser shape)")
     p.add_argument("--chunks", type=int, default=8, help="number of chunks to generate")
-    p.add_argument("--chunk-frames", type=int, default=None, help="latent frames per chunk (preset default)")
+    p.add_argument(
+        "--chunk-latent-frames",
+        "--chunk-frames",
+        dest="chunk_frames",
+        type=int,
+        default=None,
+        help="latent frames per chunk (default: the preset's)",
+    )
     p.add_argument("--seed", type=int, default=0, help="session seed (noise)")
     p.add_argument("--weights-seed", type=int, default=0, help="seed of random weights when no checkpoint")
     p.add_argument(
@@ -126,6 +135,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeline", type=picture_path, default=None, help="also draw the stage timeline (.png/.svg)")
     p.add_argument("--quiet", action="store_true", help="no per-chunk progress lines")
     args = p.parse_args(argv)
+    if args.preset is not None and args.model not in (None, args.preset):
+        p.error(f"the model is named twice: {args.preset} and --model {args.model}")
+    args.model = args.preset or args.model or DEFAULT_PRESET
     args._recorded = None
     if args.recording is not None:
         try:
@@ -516,8 +528,8 @@ def _request_value(value: Any) -> Any:
     return value
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m benchmarks.replay") -> int:
+    args = parse_args(argv, prog)
     report = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

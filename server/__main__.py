@@ -26,8 +26,8 @@ from workers.models.resolve import resolve_weights
 from workers.models.savings import add_savings_arguments
 
 
-def parse_args(argv: list[str] | None = None) -> dict[str, object]:
-    p = argparse.ArgumentParser(prog="python -m server", description="worldrtc: a real-time world-model server")
+def parse_args(argv: list[str] | None = None, prog: str = "python -m server") -> dict[str, object]:
+    p = argparse.ArgumentParser(prog=prog, description="worldrtc: a real-time world-model server")
     p.add_argument("preset", nargs="?", metavar="MODEL", help=f"model preset, as --model (default {DEFAULT_PRESET})")
     p.add_argument("--host", help="bind address (default 127.0.0.1; others need an API token)")
     p.add_argument("--port", type=int, help="HTTP port (default 8000)")
@@ -99,8 +99,8 @@ def parse_args(argv: list[str] | None = None) -> dict[str, object]:
     return {k: v for k, v in args.items() if v is not None} | logging_opts
 
 
-def main(argv: list[str] | None = None) -> int:
-    overrides = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m server") -> int:
+    overrides = parse_args(argv, prog)
     log_level = str(overrides.pop("_log_level"))
     configure_logging(log_level, str(overrides.pop("_log_format")))
     try:

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from urllib.parse import unquote
 
-from server.cli import COMMANDS
+from worldrtc.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

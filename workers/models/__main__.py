@@ -20,6 +20,7 @@ import torch
 
 from workers.families.registry import family_for
 from workers.models import hub
+from workers.models.attention_backend import AttentionBackend
 from workers.models.checkpoint_files import CheckpointMissing, detect_layout
 from workers.models.hub import plan_fetch
 from workers.models.loading import KeyReport, state_shapes
@@ -57,8 +58,8 @@ def _human(n: int) -> str:
     return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workers.models", description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str = "python -m workers.models") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("describe", help="shapes and parameter counts of a preset")
     d.add_argument("preset", choices=sorted(PRESETS))
@@ -91,8 +92,21 @@ def main(argv: list[str] | None = None) -> int:
         help="GiB per GPU (default: this machine's, else 80)",
     )
     add_savings_arguments(pl)
-    pl.add_argument("--host-gib", type=float, default=None, help="host memory for CPU placements (default: available)")
-    pl.add_argument("--attention", default="auto", help="attention backend (math counts its score matrix)")
+    pl.add_argument(
+        "--host-memory-gib",
+        "--host-gib",
+        dest="host_gib",
+        metavar="GIB",
+        type=float,
+        default=None,
+        help="host memory for CPU placements (default: available)",
+    )
+    pl.add_argument(
+        "--attention",
+        default="auto",
+        choices=[b.value for b in AttentionBackend],
+        help="attention backend (math counts its score matrix)",
+    )
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
     pl.add_argument(
         "--fit-gib",
@@ -172,7 +186,6 @@ def _verify(preset: ModelPreset, checkpoint: Path | None, assets: Path | None) -
 
 def _plan(args: argparse.Namespace) -> int:
     # The plan needs placements, which live in the runtime layer; this CLI is their one meeting point.
-    from workers.models.attention_backend import AttentionBackend
     from workers.models.kernels import KernelConfig
     from workers.runtime.memory_plan import DEFAULT_DEVICE_GIB, machine_capacity, placements_that_fit, plan_memory
     from workers.runtime.placement import PlacementError, get_placement

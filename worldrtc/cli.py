@@ -5,11 +5,13 @@
     worldrtc verify [MODEL] [--checkpoint-dir DIR [--assets-dir DIR]]   weights against the preset's shapes
     worldrtc plan MODEL --placement P [--max-sessions N]   memory per device, before anything loads
     worldrtc describe MODEL            shapes and parameter counts
-    worldrtc replay [flags]            headless: a control trace in, a video and figures out
+    worldrtc replay [MODEL] [flags]    headless: a control trace in, a video and figures out
 
 Each subcommand is the command line of a module that also runs as `python -m` (server,
-workers.models, benchmarks.replay): this is where the layers meet, so it dispatches to them and
-adds nothing of its own but the model as a positional word, as `vllm serve MODEL` takes it.
+workers.models, benchmarks.replay): this module sits above every layer, dispatches to them and
+names itself in their usage lines (`usage: worldrtc plan ...`). Every command takes the model as a
+positional word, as `vllm serve MODEL` takes it, and one name per idea across them (the README
+lists the older names they still accept).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def _serve(argv: list[str]) -> int:
     from server.__main__ import exit_now
     from server.__main__ import main as serve
 
-    exit_now(serve(argv))
+    exit_now(serve(argv, prog="worldrtc serve"))
     return 0  # not reached: exit_now ends the process
 
 
@@ -36,7 +38,7 @@ def _models(command: str) -> Callable[[list[str]], int]:
 
         if command == "verify" and (not argv or argv[0].startswith("-")):
             argv = [DEFAULT_PRESET, *argv]
-        return models([command, *argv])
+        return models([command, *argv], prog="worldrtc")
 
     return run
 
@@ -44,7 +46,7 @@ def _models(command: str) -> Callable[[list[str]], int]:
 def _replay(argv: list[str]) -> int:
     from benchmarks.replay import main as replay
 
-    return replay(argv)
+    return replay(argv, prog="worldrtc replay")
 
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {

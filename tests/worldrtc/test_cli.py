@@ -29,7 +29,7 @@ OFFLINE_REFUSAL_S = 5.0
 def worldrtc(*args: str, env: dict[str, str] | None = None, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
     """`worldrtc ARGS` (the console script's module, so the test needs no installed entry point)."""
     full_env = {**os.environ, **(env or {})}
-    cmd = [sys.executable, "-m", "server.cli", *args]
+    cmd = [sys.executable, "-m", "worldrtc", *args]
     return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout_s)
 
 
@@ -111,7 +111,7 @@ def test_a_server_starts_from_a_directory_with_the_14b_file_names(tmp_path: Path
     eight model-0000k-of-00008 shards): `worldrtc serve` loads them and becomes ready."""
     release = tiny_release(tmp_path / "release", TINY, LINGBOT_14B_HUB.dit, TINY_WEIGHTS_SEED)
     args = ["tiny", "--checkpoint-dir", str(release), "--max-sessions", "1"]
-    with local_server(args, tmp_path / "server.log", entry=("-m", "server.cli", "serve")) as server:
+    with local_server(args, tmp_path / "server.log", entry=("-m", "worldrtc", "serve")) as server:
         model = httpx.get(f"{server.url}/v1/model", timeout=10).json()
         assert model["model"] == "tiny"
     log = (tmp_path / "server.log").read_text()
