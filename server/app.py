@@ -103,7 +103,8 @@ def use_transport_settings(settings: Settings, fps: int) -> None:
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     state: AppState = app.state.worldrtc
     state.start()
-    usher = Usher(state)  # seats the waiting room (server/usher.py)
+    # Seats the waiting room (server/usher.py); a turn's world is kept in memory for the next driver.
+    usher = Usher(state, lambda session: snapshots.take_snapshot(state, session, to_disk=False))
     usher.start()
     try:
         yield

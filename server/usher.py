@@ -16,7 +16,9 @@ One task per app, woken by the app state's doorbell (a slot freed, a ticket join
 4. free slots go to the head of the line, each as a session whose offer deadline is the
    connect window.
 
-The usher never waits on a person: every wait is a deadline checked on the next round.
+The usher never waits on a person: every wait is a deadline checked on the next round. It reads
+and calls only what `SeatingServer` names of the app's state, and is handed how a turn's world is
+saved, so the waiting room does not import the state that holds it.
 """
 
 from __future__ import annotations
@@ -26,17 +28,21 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
+from server.admission import Admission
 from server.errors import ServerError
+from server.metrics import Metrics
 from server.phase import Phase
 from server.protocol import EndReason
 from server.session import ServerSession, SessionState
+from server.settings import Settings
 from server.snapshot import ServerSnapshot
-from server.snapshots import take_snapshot
-from server.state import AppState
 from server.turn_handover import TurnHandover
-from server.waiting_room import DropReason, Ticket
+from server.waiting_room import DropReason, Ticket, WaitingRoom
 from workers.chunk_geometry import video_frames
+from workers.runtime.engine import PipelineEngine
 from workers.runtime.snapshot_catalog import SnapshotGone
 
 log = logging.getLogger("worldrtc.usher")
@@ -50,9 +56,32 @@ CONNECT_FAILURES = frozenset(
 )
 
 
+class SeatingServer(Protocol):
+    """What the usher reads and calls of the app's state (server/state.py's AppState)."""
+
+    settings: Settings
+    metrics: Metrics
+    sessions: dict[str, ServerSession]
+    waiting_room: WaitingRoom
+    doorbell: asyncio.Event  # rung when a slot frees or a ticket joins
+    phase: Phase
+    ready: bool
+    engine: PipelineEngine
+
+    def free_slots(self) -> int: ...
+
+    def open_session(self, admission: Admission, offer_timeout_s: float | None = None) -> ServerSession: ...
+
+
+# A turn's world saved for the next driver (in memory only): a snapshot at the session's next chunk
+# boundary, or what the client would be told why not.
+SaveWorld = Callable[[ServerSession], Awaitable[ServerSnapshot]]
+
+
 class Usher:
-    def __init__(self, state: AppState) -> None:
+    def __init__(self, state: SeatingServer, save_world: SaveWorld) -> None:
         self.state = state
+        self.save_world = save_world
         self.room = state.waiting_room
         self._ends_at: dict[str, float] = {}  # session id -> when its announced turn ends (monotonic)
         self._ending: dict[str, asyncio.Task[None]] = {}  # session id -> its turn's end under way
@@ -153,7 +182,7 @@ class Usher:
         try:
             if self.state.settings.turn_handover is TurnHandover.CONTINUE:
                 try:
-                    self._handovers.append(await take_snapshot(self.state, session, to_disk=False))
+                    self._handovers.append(await self.save_world(session))
                 except (ServerError, SnapshotGone) as exc:  # the next person starts their own world instead
                     log.warning("session %s: its world could not be saved for the next driver: %s", session.id, exc)
             await asyncio.sleep(max(0.0, ends_at - time.monotonic()))  # the driver keeps the time it was told
