@@ -26,8 +26,8 @@ from aiortc.codecs import get_encoder
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 
 from benchmarks.stats import summarize
-from server import codecs
-from server.video_track import rgb_to_video_frame
+from server.media import codecs
+from server.media.video_track import rgb_to_video_frame
 from workers.models.camera import CameraState, Intrinsics
 from workers.training.clips import WORLD_SEED
 from workers.world import World

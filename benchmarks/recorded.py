@@ -1,4 +1,4 @@
-"""A session's recording (server/recording.py) as a replay's input, and the replay's verdict on it.
+"""A session's recording (server/media/recording.py) as a replay's input, and the replay's verdict on it.
 
 `benchmarks.replay --recording REC.json` takes from it the model, seed, prompt, start image, chunk
 size, placement and intra-op thread count, and each chunk's control as the DiT consumed it; it
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from server.recording import RECORDING_SCHEMA, read_image_from
+from server.media.recording import RECORDING_SCHEMA, read_image_from
 from workers.controls import ChunkControl
 from workers.determinism import FRAME_TOLERANCE
 from workers.models.presets import PRESETS

@@ -43,8 +43,8 @@ from benchmarks.recorded import Recorded, RecordingError
 from benchmarks.stats import environment, peak_rss_bytes, summarize
 from benchmarks.timeline import picture_path, write_picture
 from benchmarks.trace import Trace, TraceReplayer
-from server.mp4_writer import Mp4Writer
-from server.recording import frames_digest
+from server.media.mp4_writer import Mp4Writer
+from server.media.recording import frames_digest
 from workers.chunk_geometry import chunk_first_frame, chunk_num_frames
 from workers.controls import ChunkControl
 from workers.images import fit_image, read_image

@@ -1,7 +1,7 @@
 """Run the server: `python -m server [--host H] [--port P] [--model M] [--placement P] ...`.
 
 Flags override WORLDRTC_* environment variables, which override the defaults. The URL to open is
-printed once the model is loaded and warm. SIGTERM drains, SIGINT stops (server/lifecycle.py); the
+printed once the model is loaded and warm. SIGTERM drains, SIGINT stops (server/http/lifecycle.py); the
 exit status is 0 after either, 1 when the engine failed, 2 for bad settings.
 """
 
@@ -15,10 +15,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from server.dispatch import DispatchPolicy
-from server.logs import configure_logging
-from server.settings import Settings
-from server.turn_handover import TurnHandover
+from server.common.logs import configure_logging
+from server.common.settings import Settings, TurnHandover
+from server.wire.dispatch import DispatchPolicy
 from workers.models.attention_backend import AttentionBackend
 from workers.models.hub import FetchPlan
 from workers.models.presets import DEFAULT_PRESET, PRESETS, ModelPreset
@@ -117,8 +116,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m server") -> int:
         return 130
     import uvicorn
 
-    from server.app import create_app
-    from server.lifecycle import serve
+    from server.http.app import create_app
+    from server.http.lifecycle import serve
     from workers.runtime.channel import remove_orphaned_segments
 
     # What an earlier server killed with all its workers at once (kill -9 of its process group, the

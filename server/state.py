@@ -1,8 +1,8 @@
 """The app's state: the engine, its sessions and everything the routes share, one per app.
 
-`create_app` (server/app.py) builds it, puts it on `app.state.worldrtc` and starts and stops it with
-the app; the routes reach it through a FastAPI dependency (server/dependencies.py), and the process
-runner (server/lifecycle.py) drains and stops it. What belongs to the state is here: whether a new
+`create_app` (server/http/app.py) builds it, puts it on `app.state.worldrtc` and starts and stops it with
+the app; the routes reach it through a FastAPI dependency (server/http/dependencies.py), and the process
+runner (server/http/lifecycle.py) drains and stops it. What belongs to the state is here: whether a new
 session may start now and, if so, its admission (rate, slots, start image), the engine's load in
 the background, and the shutdown that ends every session.
 """
@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from server.admission import Admission
-from server.errors import (
+from server.common.errors import (
     BadRequest,
     Busy,
     Draining,
@@ -26,23 +25,24 @@ from server.errors import (
     Restarting,
     ServerError,
 )
-from server.ice import host_addresses, keep_local_candidates
-from server.memory import MemoryReclaimer, freeze_startup_objects
-from server.metrics import LoopLagMonitor, Metrics
-from server.phase import Phase
-from server.protocol import CreateSessionRequest, EndReason
-from server.rate_limit import PerClientLimiter, client_address
-from server.recording_store import RecordingStore
-from server.saved_snapshots import SavedSnapshots
-from server.session import ACTIVE, ServerSession
-from server.session_spec import SessionSpec
-from server.settings import Settings
-from server.snapshot import MadeWith, ServerSnapshot
-from server.snapshot_book import SnapshotBook
-from server.snapshot_shelf import SnapshotShelf
-from server.start_image import start_image
+from server.common.memory import MemoryReclaimer, freeze_startup_objects
+from server.common.metrics import LoopLagMonitor, Metrics
+from server.common.phase import Phase
+from server.common.rate_limit import PerClientLimiter, client_address
+from server.common.settings import Settings
+from server.media.recording_store import RecordingStore
+from server.peers.ice import host_addresses, keep_local_candidates
+from server.session.session import ACTIVE, ServerSession
+from server.session.spec import SessionSpec
+from server.session.start_image import start_image
+from server.snapshots.book import SnapshotBook
+from server.snapshots.saves import SavedSnapshots
+from server.snapshots.shelf import SnapshotShelf
+from server.snapshots.snapshot import MadeWith, ServerSnapshot
 from server.startup.memory_fit import MemoryFit, fit_memory
-from server.waiting_room import QueueConfig, Ticket, WaitingRoom
+from server.waiting_room.admission import Admission
+from server.waiting_room.line import QueueConfig, Ticket, WaitingRoom
+from server.wire.protocol import CreateSessionRequest, EndReason
 from workers.models.loading import model_events
 from workers.models.weights_digest import weights_digest
 from workers.runtime.engine import PipelineEngine
@@ -104,12 +104,12 @@ class AppState:
         self.ready_s: float | None = None
         self.on_ready: Callable[[], None] | None = None
         self.phase = Phase.SERVING
-        # Set by the process runner (server/lifecycle.py): stop with this exit status. Without one
+        # Set by the process runner (server/http/lifecycle.py): stop with this exit status. Without one
         # (an app inside tests) a broken engine only shows in /readyz.
         self.request_exit: Callable[[int], None] | None = None
         self.worker_grace_s = WORKER_GRACE_S
 
-        # Bound to loopback, offers keep only candidates on this host (server/ice.py).
+        # Bound to loopback, offers keep only candidates on this host (server/peers/ice.py).
         self.own_addresses = host_addresses() if settings.is_loopback else None
         self.create_limiter = PerClientLimiter(settings.create_rate_per_min / 60, settings.create_burst)
         self._admitting = 0  # creates past the capacity check, still decoding their image
@@ -121,7 +121,7 @@ class AppState:
             else SavedSnapshots(settings.snapshot_dir, int(settings.snapshot_dir_quota_gib * 2**30))
         )
         self.shelf = SnapshotShelf(self.snapshot_book, self.engine, self.saves)
-        # What recordings name the weights by (server/recording.py); read from the files while loading.
+        # What recordings name the weights by (server/media/recording.py); read from the files while loading.
         self.weights_digest = SYNTHETIC if synthetic is not None else ""
         # The world events the weights learned (their model card's `events`: name -> prompt), for the
         # page's chips; read while loading.
@@ -135,7 +135,7 @@ class AppState:
             max_turn_s=settings.max_turn_s,
         )
         self.waiting_room = WaitingRoom(config)
-        # Rung when a slot frees or a ticket joins: the usher (server/usher.py) wakes to seat the head.
+        # Rung when a slot frees or a ticket joins: the usher (server/waiting_room/usher.py) wakes to seat the head.
         self.doorbell = asyncio.Event()
 
     def start(self) -> None:
@@ -219,7 +219,7 @@ class AppState:
             self.request_exit(1)
 
     def authorize_snapshot(self, snapshot_id: str, request: Request) -> ServerSnapshot:
-        """The snapshot, if the request's bearer may use it (server/snapshot_book.py)."""
+        """The snapshot, if the request's bearer may use it (server/snapshots/book.py)."""
         return self.snapshot_book.authorize(snapshot_id, request, self.settings.api_token, self.engine.snapshots)
 
     async def admit(self, body: CreateSessionRequest, request: Request, *, may_wait: bool) -> ServerSession | Queued:
@@ -244,7 +244,7 @@ class AppState:
             self.metrics.sessions_refused.labels("rate_limited").inc()
             rate = f"{settings.create_burst} at once, then {settings.create_rate_per_min:g} a minute"
             raise RateLimited(f"too many sessions created from {client} ({rate})", retry_after_s=wait_s)
-        # Nobody passes the people in line: a slot that frees goes to the head ticket (server/usher.py).
+        # Nobody passes the people in line: a slot that frees goes to the head ticket (server/waiting_room/usher.py).
         full = self.free_slots() == 0 or len(self.waiting_room) > 0
         waits = full and may_wait and settings.queue and body.queue
         if full and not waits:

@@ -29,7 +29,7 @@ from benchmarks.reliability.harness import (
     wait_for,
 )
 from benchmarks.stats import summarize
-from server.sctp import MAX_MESSAGE_BYTES
+from server.peers.sctp import MAX_MESSAGE_BYTES
 from worldrtc import Session
 
 SETTLE_S = 10.0  # for peer connections of answered offers to be closed after their DELETE

@@ -38,7 +38,7 @@ from benchmarks.reliability.harness import (
     kill_group,
     wait_for,
 )
-from server.settings import DEFAULT_MAX_SESSION_S
+from server.common.settings import DEFAULT_MAX_SESSION_S
 from workers.runtime.channel import leaked_segments
 from worldrtc import Session
 

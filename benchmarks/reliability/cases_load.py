@@ -35,7 +35,7 @@ from benchmarks.reliability.harness import (
     wait_for,
 )
 from benchmarks.stats import summarize
-from server.media_line import BEHIND_MIN_CHUNKS
+from server.session.media_line import BEHIND_MIN_CHUNKS
 from workers.chunk_geometry import chunk_num_frames
 from worldrtc import Session
 
@@ -150,7 +150,7 @@ def slow_stage(lab: Lab, r: CaseResult) -> None:
 
         f = asyncio.run(run())
     stats = f["stats"]
-    # The session says it is behind once BEHIND_MIN_CHUNKS chunk periods show it (server/media_line.py).
+    # The session says it is behind once BEHIND_MIN_CHUNKS chunk periods show it (server/session/media_line.py).
     behind_from_s = (BEHIND_MIN_CHUNKS + 1) * stage_ms[1] / 1000 + 1
     later = [m for m in stats if m["t"] >= behind_from_s]
     all_behind = bool(later) and all(m["behind"] for m in later)

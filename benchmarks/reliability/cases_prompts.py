@@ -11,7 +11,7 @@ from typing import Any
 
 from benchmarks.reliability.cases_spectators import DELIVERY_BOUND, STALL_BOUND_S, _delivery
 from benchmarks.reliability.harness import CaseResult, Lab, ServerConfig, at_least, at_most, case, equal, holds
-from server.protocol import MAX_CONTROL_MESSAGE_BYTES, MAX_PROMPT_CHARS
+from server.wire.protocol import MAX_CONTROL_MESSAGE_BYTES, MAX_PROMPT_CHARS
 from worldrtc import Session
 
 FLOOD = 300  # prompts sent back to back: past the control rate (120/s) and the prompt rate (60/s)

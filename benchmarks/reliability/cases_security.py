@@ -20,8 +20,8 @@ from starlette.routing import Mount, Route
 
 from benchmarks.local_server import local_server
 from benchmarks.reliability.harness import CaseResult, Lab, ServerConfig, ServerUnderTest, case, equal, holds
-from server.app import create_app
-from server.settings import Settings
+from server.common.settings import Settings
+from server.http.app import create_app
 from worldrtc import Session
 
 API_TOKEN = "reliability-api-token-0123456789"

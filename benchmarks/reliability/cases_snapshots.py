@@ -1,4 +1,4 @@
-"""Rows 27-30: snapshots (server/snapshots.py): the memory budget, a stage lost while one is taken,
+"""Rows 27-30: snapshots (server/http/routes/snapshots.py): the memory budget, a stage lost while one is taken,
 restoring one that is gone, and another session's token.
 
 27 snapshot budget         gridworld: a budget under one snapshot (refused by the memory plan), and one

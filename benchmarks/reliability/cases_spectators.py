@@ -35,7 +35,7 @@ from benchmarks.reliability.harness import (
     wait_for,
 )
 from benchmarks.stats import summarize
-from server.settings import Settings
+from server.common.settings import Settings
 from worldrtc import Session
 
 FPS = 16

@@ -1,4 +1,4 @@
-"""Rows 32-37: the waiting room (server/waiting_room.py, server/usher.py) under abuse, no-shows,
+"""Rows 32-37: the waiting room (server/waiting_room/line.py, server/waiting_room/usher.py) under abuse, no-shows,
 shutdown, a killed driver and a crowd that polls; and saves on disk through a crash.
 
 32 ticket flood     30 creates and a poll flood from one address while the one slot is taken
@@ -6,7 +6,7 @@ shutdown, a killed driver and a crowd that polls; and saves on disk through a cr
 34 SIGTERM in line  SIGTERM with a driver streaming and the line full
 35 driver killed    the driver's process is killed mid-turn while someone waits
 36 polling crowd    50 tickets polling every second while two drivers stream
-37 SIGKILL, saves   a server killed mid-save and restarted on its snapshot directory (server/saved_snapshots.py)
+37 SIGKILL, saves   a server killed mid-save and restarted on its snapshot directory (server/snapshots/saves.py)
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
   real offers keeps most of every input on the parser's ordinary path, so the damage lands where the
   edge cases are (a missing fingerprint, a bogus candidate, a 300-section bundle) instead of being
   refused on the first line.
-- `control_messages`: data-channel payloads that `server.protocol.parse_client_message` must refuse
+- `control_messages`: data-channel payloads that `server.wire.protocol.parse_client_message` must refuse
   with a ProtocolError, by construction. A server fed these may answer with `error` messages and
   count them as invalid, and nothing else: no crash, no state change, no other exception.
 - `regressions`: payloads the parser once accepted or crashed on; sent first by the suite.
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from server.protocol import KNOWN_TYPES, MAX_CONTROL_MESSAGE_BYTES, MAX_PROMPT_CHARS
+from server.wire.protocol import KNOWN_TYPES, MAX_CONTROL_MESSAGE_BYTES, MAX_PROMPT_CHARS
 from workers.controls import MAX_KEY_NAME, MAX_KEYS, MAX_LOOK_PX
 
 OFFERS_DIR = Path(__file__).parent / "offers"

@@ -39,7 +39,7 @@ from worldrtc import Session
 SYNTHETIC = ("--model", "synthetic", "--stage-ms", "20,150,100", "--synthetic-geometry", "gridworld")
 # What the server's log shows for an exception nobody handled (asyncio's reports, and the server's).
 UNHANDLED = ("Traceback", "Task exception was never retrieved", "Exception in callback", "Unhandled")
-LAG_BOUND_S = 0.02  # a histogram bucket bound (server/metrics.py LAG_BUCKETS), so "p99 < 20 ms" is exact
+LAG_BOUND_S = 0.02  # a histogram bucket bound (server/common/metrics.py LAG_BUCKETS), so "p99 < 20 ms" is exact
 
 
 class Size(StrEnum):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from server.settings import Settings
+from server.common.settings import Settings
 from workers.models.presets import ModelPreset
 from workers.models.savings import Savings
 from workers.runtime.memory_plan import machine_capacity

@@ -17,7 +17,7 @@ from benchmarks.reliability.fuzz import (
     sdp_offers,
     seed_offers,
 )
-from server.protocol import MAX_CONTROL_MESSAGE_BYTES, ProtocolError, parse_client_message
+from server.wire.protocol import MAX_CONTROL_MESSAGE_BYTES, ProtocolError, parse_client_message
 
 
 def test_seed_offers_are_the_captured_ones() -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from server.dispatch import (
+from server.wire.dispatch import (
     Blocked,
     DispatchConfig,
     DispatchController,

@@ -1,4 +1,4 @@
-"""Encode once, send to every viewer (server/fanout.py, server/shared_encoder.py): one encode per frame
+"""Encode once, send to every viewer (server/media/fanout.py, server/media/shared_encoder.py): one encode per frame
 whatever the number of viewers, viewers start at keyframes, forced keyframes are rate-limited, a viewer
 that stops pulling drops for itself only, and teardown leaves no thread or task."""
 
@@ -15,11 +15,11 @@ from aiortc import RTCPeerConnection
 from aiortc.codecs import h264
 from aiortc.mediastreams import MediaStreamError
 
-from server import codecs
-from server.fanout import ENCODE_THREAD_PREFIX, VideoFanout, ViewerTrack
-from server.pacer import Pacer
-from server.shared_encoder import H264, VP8, SharedEncoder
-from server.video_track import rgb_to_video_frame
+from server.media import codecs
+from server.media.fanout import ENCODE_THREAD_PREFIX, VideoFanout, ViewerTrack
+from server.media.pacer import Pacer
+from server.media.shared_encoder import H264, VP8, SharedEncoder
+from server.media.video_track import rgb_to_video_frame
 from tests.server.test_video_track import gradient_chunk
 from tests.support.clock import FakeClock
 

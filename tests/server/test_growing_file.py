@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from server.growing_file import CHUNK_BYTES, growing_file_response
+from server.media.growing_file import CHUNK_BYTES, growing_file_response
 
 
 async def test_appends_during_the_response_are_not_sent(tmp_path: Path) -> None:

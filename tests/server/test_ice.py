@@ -6,7 +6,7 @@ import asyncio
 
 from aiortc import RTCPeerConnection
 
-from server.ice import host_addresses, keep_local_candidates, use_loopback_candidates, use_udp_port_range
+from server.peers.ice import host_addresses, keep_local_candidates, use_loopback_candidates, use_udp_port_range
 
 
 def candidate_ports(sdp: str) -> list[tuple[str, int]]:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from server.logs import redact_query
-from server.offer import MAX_MEDIA_SECTIONS, OfferError, validate_offer
-from server.rate_limit import PerClientLimiter, TokenBucket
-from server.settings import DEFAULT_MAX_SESSION_S, Settings
+from server.common.logs import redact_query
+from server.common.rate_limit import PerClientLimiter, TokenBucket
+from server.common.settings import DEFAULT_MAX_SESSION_S, Settings
+from server.peers.offer import MAX_MEDIA_SECTIONS, OfferError, validate_offer
 
 OFFERS = Path(__file__).parents[2] / "benchmarks" / "reliability" / "offers"
 

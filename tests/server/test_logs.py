@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 
-from server.logs import JsonFormatter, TextFormatter
+from server.common.logs import JsonFormatter, TextFormatter
 
 
 def record(**extra: object) -> logging.LogRecord:

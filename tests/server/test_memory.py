@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from server.memory import MemoryReclaimer
+from server.common.memory import MemoryReclaimer
 
 
 async def test_sessions_closing_together_share_one_collection(monkeypatch: pytest.MonkeyPatch) -> None:

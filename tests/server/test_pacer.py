@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from server.pacer import VIDEO_CLOCK_HZ, PacedFrame, Pacer, PacerClosed
+from server.media.pacer import VIDEO_CLOCK_HZ, PacedFrame, Pacer, PacerClosed
 from tests.support.clock import FakeClock
 
 FPS = 16

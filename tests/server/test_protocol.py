@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from server.protocol import (
+from server.wire.protocol import (
     ChunkMsg,
     DoneMsg,
     EndReason,

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from benchmarks.local_server import ServerProcess, local_server
-from server import recording
-from server.recording import RECORDING_SCHEMA, SessionRecording, read_image_from
-from server.recording_store import RecordingStore
+from server.media import recording
+from server.media.recording import RECORDING_SCHEMA, SessionRecording, read_image_from
+from server.media.recording_store import RecordingStore
 from tests.support.waiting import wait_until_async
 from workers.chunk_geometry import chunk_num_frames
 from workers.controls import ChunkControl

@@ -10,8 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from server.app import create_app
-from server.settings import Settings
+from server.common.settings import Settings
+from server.http.app import create_app
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.processes

@@ -1,4 +1,4 @@
-"""Saves on disk (server/saved_snapshots.py) without a server: written whole or not at all, read back
+"""Saves on disk (server/snapshots/saves.py) without a server: written whole or not at all, read back
 as they were, a changed byte reported by its checksum, the oldest removed past the quota."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from server.protocol import Parent
-from server.recording import ChunkEntry
-from server.saved_snapshots import MANIFEST, SavedSnapshots
-from server.snapshot import MadeWith, Origin, ServerSnapshot
+from server.media.recording import ChunkEntry
+from server.snapshots.saves import MANIFEST, SavedSnapshots
+from server.snapshots.snapshot import MadeWith, Origin, ServerSnapshot
+from server.wire.protocol import Parent
 
 MADE = MadeWith("gridworld", "sha256:abc", "cpu", 1)
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from benchmarks.local_server import local_server
-from server.snapshot import MadeWith
+from server.snapshots.snapshot import MadeWith
 from tests.support.regenerate import regenerate_exactly
 from tests.support.waiting import wait_until_async
 from workers.models.savings import NO_SAVINGS, Quantization, Savings, VAEDtype

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 from starlette.requests import Request
 
-from server.snapshot import MadeWith, Origin, ServerSnapshot
-from server.snapshot_book import SnapshotBook
+from server.snapshots.book import SnapshotBook
+from server.snapshots.snapshot import MadeWith, Origin, ServerSnapshot
 
 
 def bearer(token: str) -> Request:

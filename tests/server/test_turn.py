@@ -14,7 +14,7 @@ import pytest
 from aioice import Connection, TransportPolicy
 
 from benchmarks.local_server import ServerProcess, local_server
-from server.turn import TurnConfig
+from server.common.turn_credentials import TurnConfig
 from tests.support.coturn import Coturn, coturn
 
 pytestmark = pytest.mark.processes
@@ -91,7 +91,7 @@ def test_a_relay_only_client_streams_through_coturn(server: ServerProcess, turn:
 
 
 def test_settings_need_both_turn_urls_and_secret() -> None:
-    from server.settings import Settings
+    from server.common.settings import Settings
 
     with pytest.raises(ValueError, match="WORLDRTC_TURN_URLS and WORLDRTC_TURN_SECRET"):
         Settings(turn_urls=["turn:127.0.0.1:3478"])

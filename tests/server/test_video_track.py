@@ -13,8 +13,8 @@ from aiortc import RTCPeerConnection
 from aiortc.codecs import get_encoder
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 
-from server import codecs
-from server.video_track import rgb_to_video_frame
+from server.media import codecs
+from server.media.video_track import rgb_to_video_frame
 
 H, W = 480, 832  # the 14B preset's geometry
 

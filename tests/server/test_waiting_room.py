@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from server.admission import Admission
-from server.errors import NotFound, QueueFull, RateLimited, TicketGone, Unauthorized
-from server.protocol import CreateSessionRequest
-from server.waiting_room import GONE_KEEP_S, DropReason, QueueConfig, TicketState, WaitingRoom, estimate_wait_s
+from server.common.errors import NotFound, QueueFull, RateLimited, TicketGone, Unauthorized
+from server.waiting_room.admission import Admission
+from server.waiting_room.line import GONE_KEEP_S, DropReason, QueueConfig, TicketState, WaitingRoom, estimate_wait_s
+from server.wire.protocol import CreateSessionRequest
 
 CONFIG = QueueConfig(max_waiting=3, per_client=2, silence_s=30, connect_window_s=60)
 

@@ -9,8 +9,8 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from server.app import create_app
-from server.settings import Settings
+from server.common.settings import Settings
+from server.http.app import create_app
 from tests.server.test_rest import assert_error, wait_ready
 from tests.support.waiting import wait_until
 

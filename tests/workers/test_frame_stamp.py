@@ -10,7 +10,7 @@ from aiortc.codecs import depayload, get_decoder, get_encoder
 from aiortc.jitterbuffer import JitterFrame
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 
-from server.video_track import rgb_to_video_frame
+from server.media.video_track import rgb_to_video_frame
 from workers.frame_stamp import MAX_INDEX, read_stamp, stamp_frames
 
 

@@ -17,7 +17,7 @@ docs/models-and-weights.md, "Savings"):
 
 Defaults are exact (no saving on). A saving is part of what a session was made with, like its
 weights and placement: /v1/model and recordings name them, and a snapshot made with other savings
-is refused (server/snapshot_shelf.py).
+is refused (server/snapshots/shelf.py).
 """
 
 from __future__ import annotations

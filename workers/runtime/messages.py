@@ -299,7 +299,7 @@ class StageStats:
 
 
 # Between a stage's name and the exception it raised, in StageFailed.error: a viewer is told which
-# stage failed, the operator's log gets the rest (server/session.py).
+# stage failed, the operator's log gets the rest (server/session/session.py).
 RAISED = " raised "
 
 

@@ -1,4 +1,4 @@
-"""The audience (server/audience.py) on its own: the per-session limit refused and counted before any
+"""The audience (server/session/audience.py) on its own: the per-session limit refused and counted before any
 connection is made, revoking ends the holders of that token only and is remembered, one token at a
 time, broadcasts reach every spectator and the last chunks are kept for a spectator who joins late."""
 
@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from server.audience import CATCH_UP_CHUNKS, Audience
-from server.errors import Busy
-from server.fanout import VideoFanout
-from server.metrics import Metrics
-from server.pacer import Pacer
-from server.protocol import EndReason, ReadyMsg
-from server.settings import Settings
+from server.common.errors import Busy
+from server.common.metrics import Metrics
+from server.common.settings import Settings
+from server.media.fanout import VideoFanout
+from server.media.pacer import Pacer
+from server.session.audience import CATCH_UP_CHUNKS, Audience
+from server.wire.protocol import EndReason, ReadyMsg
 from workers.controls import client_contract
 
 

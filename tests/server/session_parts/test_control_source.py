@@ -1,4 +1,4 @@
-"""The control source (server/control_source.py) on its own: controls fold in on the loop, a chunk that
+"""The control source (server/session/control_source.py) on its own: controls fold in on the loop, a chunk that
 starts takes what is held then (and the recording hears of it), the dispatcher's verdicts come back as
 the scheduler's answers, and control arrivals are claimed once, by the first chunk that applied them."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 
-from server.control_source import ControlSource
-from server.dispatch import DispatchConfig, DispatchPolicy
+from server.session.control_source import ControlSource
+from server.wire.dispatch import DispatchConfig, DispatchPolicy
 from workers.controls import ChunkControl, ControlMsg, LookMsg
 from workers.runtime.scheduler import Hold
 

@@ -1,4 +1,4 @@
-"""The driver's peer (server/driver_peer.py) on its own: a real aiortc viewer on loopback gets an answer,
+"""The driver's peer (server/peers/driver_peer.py) on its own: a real aiortc viewer on loopback gets an answer,
 its control channel makes the driver ready once and carries its messages, and its close says the driver
 is gone; with fakes for the connection and channels, each way of going reports its reason, a
 disconnected connection gets its grace, and stray data channels are closed."""
@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
-from server.driver_peer import DriverPeer
-from server.fanout import VideoFanout
-from server.metrics import Metrics
-from server.offer import OfferError
-from server.pacer import Pacer
-from server.protocol import EndReason
-from server.settings import Settings
+from server.common.metrics import Metrics
+from server.common.settings import Settings
+from server.media.fanout import VideoFanout
+from server.media.pacer import Pacer
+from server.peers.driver_peer import DriverPeer
+from server.peers.offer import OfferError
+from server.wire.protocol import EndReason
 from tests.support.waiting import wait_until_async
 
 

@@ -1,4 +1,4 @@
-"""The engine link (server/engine_link.py) on its own, against a fake engine that calls back from a
+"""The engine link (server/session/engine_link.py) on its own, against a fake engine that calls back from a
 thread as the real scheduler does: callbacks reach the loop, those of a replaced engine session are
 dropped, and a save waits, maps the engine's refusal, and gives up after its wait."""
 
@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from server.engine_link import EngineLink
-from server.errors import InsufficientStorage, Unavailable
+from server.common.errors import InsufficientStorage, Unavailable
+from server.session.engine_link import EngineLink
 from workers.runtime.records import ChunkOutput, ChunkRecord
 from workers.runtime.snapshot_catalog import SnapshotEntry
 

@@ -1,12 +1,12 @@
-"""The driver's inbox (server/inbox.py) on its own: typed messages through, a flood dropped and answered
+"""The driver's inbox (server/session/inbox.py) on its own: typed messages through, a flood dropped and answered
 once a second, invalid messages answered one by one and, at the abuse limit, reported."""
 
 from __future__ import annotations
 
-from server.inbox import Inbox
-from server.metrics import Metrics
-from server.protocol import PingMsg
-from server.settings import Settings
+from server.common.metrics import Metrics
+from server.common.settings import Settings
+from server.session.inbox import Inbox
+from server.wire.protocol import PingMsg
 from workers.controls import ControlMsg
 
 

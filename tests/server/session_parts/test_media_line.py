@@ -1,4 +1,4 @@
-"""The media line (server/media_line.py) on its own: parts of chunks into the pacer, a `chunk` message
+"""The media line (server/session/media_line.py) on its own: parts of chunks into the pacer, a `chunk` message
 once a chunk's last part is in (its frames and pts placed exactly), the recording fed, the dispatcher
 told, control-to-frame measured at the first frame's emit, `behind` from recent periods, and a rewind
 that discards the abandoned future."""
@@ -10,13 +10,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from server import media_line
-from server.control_source import ControlSource
-from server.dispatch import DispatchConfig, DispatchPolicy
-from server.media_line import BEHIND_MIN_CHUNKS, MediaLine
-from server.metrics import Metrics
-from server.recording import ChunkEntry
-from server.timeline import SessionTimeline
+from server.common.metrics import Metrics
+from server.media.recording import ChunkEntry
+from server.media.timeline import SessionTimeline
+from server.session import media_line
+from server.session.control_source import ControlSource
+from server.session.media_line import BEHIND_MIN_CHUNKS, MediaLine
+from server.wire.dispatch import DispatchConfig, DispatchPolicy
 from workers.controls import ChunkControl, ControlMsg
 from workers.runtime.records import ChunkOutput, ChunkRecord
 

@@ -1,4 +1,4 @@
-"""What a session generates from (server/session_spec.py): the model's defaults, the client asking for
+"""What a session generates from (server/session/spec.py): the model's defaults, the client asking for
 less time than the server allows (never more), and a branch that takes its line's start, whatever the
 create asked for."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from server.session_spec import SessionSpec
-from server.settings import Settings
-from server.snapshot import MadeWith, Origin, ServerSnapshot
+from server.common.settings import Settings
+from server.session.spec import SessionSpec
+from server.snapshots.snapshot import MadeWith, Origin, ServerSnapshot
 from workers.chunk_geometry import chunk_num_frames
 from workers.models.presets import get_preset
 

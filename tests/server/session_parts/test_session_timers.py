@@ -1,4 +1,4 @@
-"""A session's clocks (server/session_timers.py) on their own, in milliseconds: each deadline closes
+"""A session's clocks (server/session/timers.py) on their own, in milliseconds: each deadline closes
 with its reason, the idle one moves with the last control, a session no longer waiting for an offer
 is left alone, the tick ticks, and the owner's close cancels them all."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from server.owned_tasks import OwnedTasks
-from server.protocol import EndReason
-from server.session_timers import SessionTimers
+from server.common.owned_tasks import OwnedTasks
+from server.session.timers import SessionTimers
+from server.wire.protocol import EndReason
 from tests.support.waiting import wait_until_async
 
 WAIT_S = 5.0  # a deadline that has passed closes within this (a busy loop may run late, not never)

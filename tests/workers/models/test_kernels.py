@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from benchmarks.kernels import Variant, run
-from server.settings import Settings
+from server.common.settings import Settings
 from workers.models.attention import fa3_installed
 from workers.models.attention_backend import AttentionBackend
 from workers.models.components import load_dit

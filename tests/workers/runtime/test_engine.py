@@ -16,7 +16,7 @@ import signal
 
 import pytest
 
-from server.session import generation_failed_reason
+from server.session.session import generation_failed_reason
 from tests.support.engine import (
     CONTROLS,
     IMAGE,

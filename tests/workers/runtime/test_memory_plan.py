@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from server.app import create_app
-from server.settings import Settings
+from server.common.settings import Settings
+from server.http.app import create_app
 from workers.models.__main__ import main as models_cli
 from workers.models.checkpoint_files import CheckpointMissing, require_checkpoint
 from workers.models.components import load_dit, load_vae

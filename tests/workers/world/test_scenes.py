@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from server.scenes import SCENES_DIR, scene_names
+from server.session.scenes import SCENES_DIR, scene_names
 from workers.models.presets import GRIDWORLD
 from workers.world import EMBEDDED_WORLD_SEED, World
 from workers.world.scenes import render_scenes
