@@ -98,7 +98,11 @@ def test_browser_session_end_to_end(server: ServerProcess, tmp_path: Path) -> No
             assert 0 < stats["g2gP50Ms"] < 20_000
             assert stats["fps"] > 0
             assert _number(page.locator("#hud-fps").inner_text()) > 0
-            assert _number(page.locator("#hud-latency").inner_text()) > 0
+            latency = page.locator("#hud-latency").inner_text()
+            assert _number(latency) > 0
+            # A median of a few presses says little: the HUD shows the last one and the count until 10.
+            n = stats["g2gSamples"]
+            assert latency.startswith("last ") if n < 10 else " ms p50 of " in latency, (n, latency)
             assert page.locator("#hud-state").inner_text() == "streaming"
             assert page.locator("#hud-buffered").inner_text().endswith(" ms")  # from the server's stats
             assert _number(page.locator("#hud-predicted").inner_text()) > 0

@@ -1,5 +1,5 @@
 // REST calls and what their errors mean to a person. Every request to the server goes through
-// api(), so the API token, the error shapes of server/errors.py and FastAPI's validation errors are
+// api(), so the API token, the error shapes of server/common/errors.py and FastAPI's validation errors are
 // read in one place, and every message the page shows about a refused request is worded here.
 
 import { app } from "./state.js";
@@ -69,7 +69,7 @@ export function unreachable() {
   return new ApiError(0, "network", "Cannot reach the server. Is it running, and is this the right address?");
 }
 
-// A refused request (`resp` not ok, `text` its body): server/errors.py's {error, message}, FastAPI's
+// A refused request (`resp` not ok, `text` its body): server/common/errors.py's {error, message}, FastAPI's
 // {detail}, or else the status line. Also for the requests that are not JSON (a spectator's SDP offer).
 export function responseError(resp, text) {
   const data = parseJson(text);

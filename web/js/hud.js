@@ -4,7 +4,7 @@
 
 import { api } from "./api.js";
 import { el } from "./dom.js";
-import { currentFps, percentile } from "./latency.js";
+import { currentFps, G2G_WINDOW, percentile } from "./latency.js";
 import { app, heldKeys, hook, lookAccepted } from "./state.js";
 
 const TIMELINE_POLL_MS = 1000; // the HUD strip's refresh (GET …/timeline)
@@ -33,8 +33,7 @@ export function renderHud() {
     el.hudChunkPeriod.title = `chunk media ${media.toFixed(2)} s: ${periodS <= media ? "keeping up" : "slower than real time"}`;
   }
 
-  el.hudLatency.textContent = st.g2gP50Ms === null ? "–"
-    : `${Math.round(st.g2gP50Ms)} ms p50 · last ${Math.round(st.g2gLastMs)}`;
+  el.hudLatency.textContent = latencyText(st);
   el.hudFirstFrame.textContent = st.firstFrameS === null ? "–" : `${fmt(st.firstFrameS, 2)} s`;
   el.hudDrops.textContent = server ? `${server.frames_dropped ?? 0} / ${server.frames_repeated ?? 0}` : "–";
   const predicted = server ? server.predicted_control_to_frame_s : null;
@@ -253,4 +252,15 @@ function describeReceipt(receipt) {
   const text = receipt.text || "(no prompt)";
   if (typeof receipt.weight !== "number") return text;
   return `${text} · ${Math.round(100 * receipt.weight)}% from “${receipt.from || "no prompt"}”`;
+}
+
+// A press waits anywhere from none to a whole chunk for the next sample of the controls, so a few
+// presses say little about the median: under P50_MIN_SAMPLES the HUD shows the last one and the count.
+const P50_MIN_SAMPLES = 10;
+
+export function latencyText(st) {
+  if (st.g2gLastMs === null || st.g2gLastMs === undefined) return "–";
+  const last = Math.round(st.g2gLastMs);
+  if (st.g2gSamples < P50_MIN_SAMPLES) return `last ${last} ms (${st.g2gSamples} of ${P50_MIN_SAMPLES} presses for a p50)`;
+  return `${Math.round(st.g2gP50Ms)} ms p50 of ${Math.min(st.g2gSamples, G2G_WINDOW)} · last ${last}`;
 }

@@ -24,7 +24,7 @@
 import { el } from "./dom.js";
 import { app, hook } from "./state.js";
 
-const G2G_WINDOW = 50;
+export const G2G_WINDOW = 50;
 const FPS_WINDOW_MS = 2000;
 const MATCH_GIVE_UP_MS = 5000;
 const SHOWN_PTS_KEPT = 64; // 4 s at 16 FPS: longer than a chunk takes from first frame to message

@@ -1,5 +1,5 @@
 // Prompts typed while walking: the box under the video sends `prompt {text, transition_chunks}` on
-// Enter (server/protocol.py), and each chunk's receipt (its `prompt`: what that chunk's DiT read)
+// Enter (server/wire/protocol.py), and each chunk's receipt (its `prompt`: what that chunk's DiT read)
 // says when it took effect. The time from Enter to the first frame of the first chunk that read the
 // prompt is measured in latency.js, like a key's; the HUD shows the prompt and that time.
 // Shown (status.js setState) for a driver of a model that takes live prompts (GET /v1/model `live_prompts`).

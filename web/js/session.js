@@ -3,7 +3,7 @@
 // done, lost, failed) with a retry when retrying can help. Everything that can end a session goes
 // through teardown(), so timers, the peer connection and the server-side session (DELETE) are
 // released exactly once.
-// Wire formats: server/protocol.py.
+// Wire formats: server/wire/protocol.py.
 
 import { ApiError, api, describeApiError, sentence, transient } from "./api.js";
 import { send, startLookLoop } from "./controls.js";
@@ -28,7 +28,7 @@ const RECONNECT_DELAYS_MS = [1000, 2000, 4000];
 const RECONNECT_RESET_AFTER_MS = 10000; // a session that streamed this long earns fresh reconnect attempts
 const BRANCH_CLOSE_WAIT_MS = 3000; // a branch waits this long at most for the current session's DELETE
 
-// What a person can do about an error the server reports by code (server/errors.py): permanent
+// What a person can do about an error the server reports by code (server/common/errors.py): permanent
 // errors offer a fix on the overlay's button; transient ones (busy, not ready, no network) are
 // retried with backoff instead.
 const FIX_FOR_CODE = { bad_image: "image", too_large: "image", unknown_scene: "scene", unauthorized: "token" };

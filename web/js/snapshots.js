@@ -7,7 +7,7 @@
 // (state.js lineTokens), so those of a session that has ended stay usable by its branches. It
 // outlives the page too: on load it lists the snapshots of the lines this browser remembers
 // (GET /v1/snapshots), those a server with WORLDRTC_SNAPSHOT_DIR kept across a restart included.
-// Wire formats: server/protocol.py (SnapshotInfo, RestoreRequest, RewoundMsg).
+// Wire formats: server/wire/protocol.py (SnapshotInfo, RestoreRequest, RewoundMsg).
 
 import { ApiError, api, describeApiError } from "./api.js";
 import { el } from "./dom.js";

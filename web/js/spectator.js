@@ -1,10 +1,10 @@
 // A spectator's watch of someone else's session, opened by a spectator link (link.js): a receive-only
-// connection to the session's watch endpoint (WHEP with the watch token, server/watch.py), the
+// connection to the session's watch endpoint (WHEP with the watch token, server/http/routes/watch.py), the
 // session's messages on a "watch" data channel, and the watch's end, said in words. A spectator
 // sends nothing but pings (for the HUD's round-trip time): it cannot steer, and the server would
 // answer anything else with a read_only error. Leave, or closing the page, DELETEs the watch.
 // Everything that ends a watch goes through release(), so it is released once.
-// Wire formats: server/protocol.py; the server's side of a spectator: server/spectator.py.
+// Wire formats: server/wire/protocol.py; the server's side of a spectator: server/peers/spectator.py.
 
 import { ApiError, describeApiError, responseError, sentence, transient, unreachable } from "./api.js";
 import { el } from "./dom.js";
@@ -22,7 +22,7 @@ const CONNECT_TIMEOUT_MS = 20000; // answer applied → first frame or channel o
 const FIRST_FRAME_TIMEOUT_MS = 90000; // channel open → first frame: the world's first chunk may still be coming
 const LEAVE_WAIT_MS = 2000; // Leave waits this long for its DELETE, so the server ends the watch by it
 
-// Why a watch ended (the code of the server's `done`, EndReason in server/protocol.py) in words, and
+// Why a watch ended (the code of the server's `done`, EndReason in server/wire/protocol.py) in words, and
 // whether watching again with the same link could help.
 const ENDINGS = {
   driver_left: ["The driver left; the world has ended.", false],

@@ -1,4 +1,4 @@
-// The waiting room: a create that finds every slot taken gets a ticket (202; server/routes/tickets.py).
+// The waiting room: a create that finds every slot taken gets a ticket (202; server/http/routes/tickets.py).
 // The page polls it, says where the person stands and about how long, shows the world they may watch
 // meanwhile under the overlay (a receive-only watch with the ticket's watch token), and hands back
 // the session's create answer once it is the ticket's turn. A session stopped while in line leaves
