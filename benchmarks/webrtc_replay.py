@@ -7,6 +7,8 @@
         --dispatch jit,chunk-synchronous --duration-s 60 --out runs/webrtc-synthetic.json
     # two viewers at once
     python -m benchmarks.webrtc_replay --serve "--model synthetic --stage-ms 50,400,300" --viewers 2 ...
+    # two models one after the other, on the same trace (each its own server)
+    python -m benchmarks.webrtc_replay --serve "--model gridworld" --serve "--model gridworld-responsive" ...
 
 Each viewer creates a session through the REST API (with the run's `dispatch`), negotiates (recvonly
 video and a "control" data channel), replays the control trace over the data channel (default: a
@@ -42,7 +44,7 @@ from benchmarks.local_server import local_server
 from benchmarks.stats import summarize
 from benchmarks.timeline import picture_path, write_picture
 from benchmarks.trace import Trace
-from server.dispatch import DispatchPolicy
+from server.wire.dispatch import DispatchPolicy
 from workers.chunk_geometry import VAE_TIME_STRIDE
 from worldrtc import Session
 
@@ -53,7 +55,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.webrtc_replay", description=__doc__.split("\n\n")[0])
     where = p.add_mutually_exclusive_group()
     where.add_argument("--url", default=None, help="a running server (default http://127.0.0.1:8000)")
-    where.add_argument("--serve", default=None, help='start a server with these arguments, e.g. "--model synthetic"')
+    where.add_argument(
+        "--serve",
+        action="append",
+        default=None,
+        help='start a server with these arguments, e.g. "--model synthetic"; given again, each server in turn '
+        "(its runs printed beside the others', on the same trace)",
+    )
     p.add_argument("--trace", type=Path, default=None, help="control trace (default: a seeded random walk)")
     p.add_argument("--trace-seed", type=int, default=0, help="seed of the random-walk trace")
     p.add_argument("--duration-s", type=float, default=60.0)
@@ -273,15 +281,23 @@ def headline(run: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _against_servers(args: argparse.Namespace) -> dict[str, Any]:
+    """Every run against the given server, or against each server started in turn (one at a time)."""
+    if args.serve is None:
+        return asyncio.run(run_all(args, args.url or "http://127.0.0.1:8000"))
+    results = []
+    for i, serve in enumerate(args.serve):
+        log = args.out.with_suffix(f".server{i if len(args.serve) > 1 else ''}.log")
+        print(f"starting: python -m server {serve} (log {log})", file=sys.stderr, flush=True)
+        with ExitStack() as stack:
+            url = stack.enter_context(local_server(shlex.split(serve), log)).url
+            results.append(asyncio.run(run_all(args, url)))
+    return {"runs": [run for r in results for run in r["runs"]], "request": results[0]["request"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with ExitStack() as stack:
-        url = args.url or "http://127.0.0.1:8000"
-        if args.serve is not None:
-            log = args.out.with_suffix(".server.log")
-            print(f"starting: python -m server {args.serve} (log {log})", file=sys.stderr, flush=True)
-            url = stack.enter_context(local_server(shlex.split(args.serve), log)).url
-        result = asyncio.run(run_all(args, url))
+    result = _against_servers(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     for run in result["runs"]:
