@@ -169,3 +169,24 @@ def test_worldrtc_commands_exist() -> None:
                     )
     assert "serve" in seen, "README/docs name no `worldrtc serve` in code: the pattern finds nothing"
     assert not problems, "unknown worldrtc commands:\n" + "\n".join(problems)
+
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+# A row of the architecture page's table: | `path` | what |
+TABLE_PATH = re.compile(r"^\| `([^`]+)` \|", re.M)
+SERVER_PACKAGE = re.compile(r"^\s{4}(\w+(?:\.py)?/?)\s", re.M)
+
+
+def test_architecture_names_every_server_package_and_nothing_that_is_gone() -> None:
+    """docs/architecture.md's table and server/__init__.py's map list every package of server/, and
+    every path the page names in backquotes under server/ or workers/ exists."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    tabled = set(TABLE_PATH.findall(text))
+    packages = {f"server/{p.name}/" for p in (ROOT / "server").iterdir() if (p / "__init__.py").is_file()}
+    assert packages - tabled == set(), f"{rel(ARCHITECTURE)}: no row for {sorted(packages - tabled)}"
+    mapped = {m.rstrip("/") for m in SERVER_PACKAGE.findall((ROOT / "server" / "__init__.py").read_text())}
+    missing = {p.split("/")[1] for p in packages} - mapped
+    assert missing == set(), f"server/__init__.py's map lacks {sorted(missing)}"
+    named = {p for span in INLINE_CODE.findall(text) for p in re.findall(r"(?:server|workers)/[\w/.]+", span)}
+    gone = sorted(p for p in named if not (ROOT / p).exists())
+    assert gone == [], f"{rel(ARCHITECTURE)} names paths that do not exist: {gone}"
