@@ -15,7 +15,7 @@ one: the server's sessions are the machine's cores).
 - Branch → first frame: from just before the branch's create POST to its first decoded frame
   (create, offer, ICE, the engine opening the session from the snapshot, its first chunk).
 - Bytes: each snapshot's measured bytes (every worker's part) against the memory plan's figure for
-  the model (`python -m workers.models plan`).
+  the model (`python -m workers plan`).
 
 Targets (the default model on this 2-core machine): stall ≤ 1 chunk and 0 repeated frames after the
 first chunk; branch → first frame ≤ 2 s; measured bytes = planned ± 10 %.

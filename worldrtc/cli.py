@@ -34,7 +34,7 @@ def _serve(argv: list[str]) -> int:
 
 def _models(command: str) -> Callable[[list[str]], int]:
     def run(argv: list[str]) -> int:
-        from workers.models.__main__ import main as models
+        from workers.__main__ import main as models
 
         if command == "verify" and (not argv or argv[0].startswith("-")):
             argv = [DEFAULT_PRESET, *argv]

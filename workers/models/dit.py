@@ -26,9 +26,9 @@ import torch.nn.functional as F
 
 from workers.models.attention import AttendFn, attention_fn
 from workers.models.attention_backend import AttentionBackend
+from workers.models.configs import DiTConfig
 from workers.models.fp8 import Fp8Linear
 from workers.models.kv_cache import LayerKVCache, SessionKVCache
-from workers.models.presets import DiTConfig
 from workers.models.rope import RopeTables, apply_rope
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """A worker's peak memory: host resident set and, on CUDA, the caching allocator's peaks.
 
 Reported through `StageStats` so a benchmark's RUN.json holds one figure per worker, which the
-memory plan (`python -m workers.models plan`) is checked against.
+memory plan (`python -m workers plan`) is checked against.
 """
 
 from __future__ import annotations

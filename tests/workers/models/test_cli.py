@@ -1,4 +1,4 @@
-"""`python -m workers.models`: describe presets without allocating weights, verify checkpoints."""
+"""`python -m workers`: describe presets without allocating weights, verify checkpoints."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from workers.__main__ import main
 from workers.models import loading
-from workers.models.__main__ import main
 
 REPO = Path(__file__).resolve().parents[3]
 GB = 1024**3
@@ -100,7 +100,7 @@ def test_describe_module_entrypoint(tmp_path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with out_path.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.models", "describe", "lingbot-world-v2-14b", "--json"],
+            [sys.executable, "-m", "workers", "describe", "lingbot-world-v2-14b", "--json"],
             cwd=REPO,
             env=env,
             stdout=out,

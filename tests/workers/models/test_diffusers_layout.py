@@ -26,8 +26,8 @@ from torch import nn
 from tests.parity.hf_configs import umt5_config
 from tests.parity.references import reference_module
 from tests.workers.models.test_loading import RetainingSource, SpySource
+from workers.__main__ import main
 from workers.models import checkpoint_files, components, diffusers_layout, loading
-from workers.models.__main__ import main
 from workers.models.dit import WanDiT
 from workers.models.presets import LINGBOT_14B, TINY, ModelPreset, T5Config
 from workers.models.tokenizer import UMT5Tokenizer, load_tokenizer

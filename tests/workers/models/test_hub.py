@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.releases import header_only_release, populate_hf_cache, write_index
+from workers.__main__ import main as models_main
 from workers.models import checkpoint_files, hub
-from workers.models.__main__ import main as models_main
 from workers.models.checkpoint_files import CheckpointMissing
 from workers.models.hub_files import LINGBOT_1_3B_HUB, LINGBOT_14B_HUB, LINGBOT_14B_REPO, HubFiles
 from workers.models.presets import LINGBOT_1_3B, LINGBOT_14B, MATRIX_GAME_UNIVERSAL, PRESETS

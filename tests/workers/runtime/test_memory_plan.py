@@ -14,7 +14,7 @@ import torch
 
 from server.common.settings import Settings
 from server.http.app import create_app
-from workers.models.__main__ import main as models_cli
+from workers.__main__ import main as models_cli
 from workers.models.checkpoint_files import CheckpointMissing, require_checkpoint
 from workers.models.components import load_dit, load_vae
 from workers.models.live_bytes import LiveBytes

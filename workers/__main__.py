@@ -1,11 +1,13 @@
-"""Inspect presets and checkpoints without allocating weights.
+"""The models' command line: inspect presets and checkpoints without allocating weights, fetch
+released files, and plan memory on a placement (`worldrtc describe|fetch|verify|plan` run it). It
+sits above the models, the families and the runtime it reads, at the top of workers/.
 
-python -m workers.models describe PRESET [--json]
-python -m workers.models fetch PRESET [--dry-run]    (into the Hugging Face cache; HF_HOME, HF_HUB_CACHE, HF_TOKEN)
-python -m workers.models verify PRESET [--checkpoint-dir DIR [--assets-dir DIR]]
+python -m workers describe PRESET [--json]
+python -m workers fetch PRESET [--dry-run]    (into the Hugging Face cache; HF_HOME, HF_HUB_CACHE, HF_TOKEN)
+python -m workers verify PRESET [--checkpoint-dir DIR [--assets-dir DIR]]
     (released or diffusers layout, named first; without a directory, the Hugging Face cache)
-python -m workers.models plan PRESET --placement P --max-sessions N [--gpu-memory-gib 80] [savings] [--json]
-python -m workers.models plan PRESET --placement P --fit-gib 16,24,80    (per card size: the savings it takes, sessions)
+python -m workers plan PRESET --placement P --max-sessions N [--gpu-memory-gib 80] [savings] [--json]
+python -m workers plan PRESET --placement P --fit-gib 16,24,80    (per card size: the savings it takes, sessions)
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def _human(n: int) -> str:
     return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m workers.models") -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m workers") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("describe", help="shapes and parameter counts of a preset")
