@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from server.wire.dispatch import DispatchConfig, DispatchController, DispatchStats, StartLater, StartNow
 from workers.controls import ChunkControl, ControlMessage, ControlState
-from workers.runtime.scheduler import Hold
+from workers.runtime.scheduled_session import Hold
 
 PENDING_CONTROLS = 512  # control arrival times kept for control-to-frame latency (oldest dropped)
 

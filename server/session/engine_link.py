@@ -23,7 +23,7 @@ from server.common.errors import Unavailable
 from server.snapshots.snapshot import snapshot_error
 from workers.runtime.engine import PipelineEngine
 from workers.runtime.records import ChunkOutput
-from workers.runtime.scheduler import ControlSource
+from workers.runtime.scheduled_session import ControlSource
 from workers.runtime.snapshot_catalog import SnapshotEntry
 
 

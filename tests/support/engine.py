@@ -14,7 +14,7 @@ from workers.models.presets import TINY
 from workers.runtime.engine import PipelineEngine
 from workers.runtime.placement import PLACEMENTS
 from workers.runtime.records import ChunkAssembler, ChunkOutput
-from workers.runtime.scheduler import ControlSource
+from workers.runtime.scheduled_session import ControlSource
 from workers.serial_engine import SerialEngine
 
 IMAGE = (np.random.default_rng(1).random((TINY.height_px, TINY.width_px, 3)) * 255).astype(np.uint8)

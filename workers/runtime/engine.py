@@ -47,6 +47,9 @@ from workers.models.kernels import DEFAULT_KERNELS, KernelConfig
 from workers.models.presets import ModelPreset, get_preset
 from workers.models.savings import NO_SAVINGS, Savings
 from workers.runtime.channel import ChannelConsumer
+from workers.runtime.chunk_rules import Schedule
+from workers.runtime.effects import Deliver, Effect, Ended, ReleaseSlots, Send, SnapshotDone, StageLost
+from workers.runtime.lanes import Deadlines
 from workers.runtime.messages import (
     STAGES,
     DropSnapshot,
@@ -63,20 +66,8 @@ from workers.runtime.messages import (
 from workers.runtime.placement import Placement
 from workers.runtime.records import ChunkOutput
 from workers.runtime.savings_plan import check_savings
-from workers.runtime.scheduler import (
-    ControlSource,
-    Deadlines,
-    Deliver,
-    Effect,
-    Ended,
-    ReleaseSlots,
-    Schedule,
-    Scheduler,
-    Send,
-    SessionSpec,
-    SnapshotDone,
-    StageLost,
-)
+from workers.runtime.scheduled_session import ControlSource, SessionSpec
+from workers.runtime.scheduler import Scheduler
 from workers.runtime.snapshot_catalog import (
     Move,
     SnapshotBudget,

@@ -14,7 +14,10 @@ with a clock reading; its outputs are effects, which the engine carries out in o
     StageLost(stage, error)       the stage's workers are dead, failed fatally or hung: kill what is
                                   left of them and start new ones (`stage_up` once they are ready)
 
-No pipes, threads or processes: tests drive it with synthetic replies in milliseconds.
+No pipes, threads or processes: tests drive it with synthetic replies in milliseconds. Its parts,
+each tested alone: a session as it keeps it (`scheduled_session.py`), a stage's lane, deadlines and
+busy/idle time (`lanes.py`), the dispatch rules of what a stage does next for a session
+(`chunk_rules.py`), and the effects (`effects.py`).
 
 Policy:
 - Downstream first: each pass offers decode, then DiT, then encode, so finished work drains before
@@ -47,17 +50,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
-import numpy as np
-
-from workers.controls import ChunkControl
 from workers.runtime.channel import Ack, InlineTensor, Outcome
-from workers.runtime.ledger import SlotLedger, acks_to_forward, slot_key
+from workers.runtime.chunk_rules import ChunkRules, Schedule, next_work
+from workers.runtime.effects import Deliver, Effect, Ended, ReleaseSlots, Send, SnapshotDone, StageLost
+from workers.runtime.lanes import Assignment, CommandKind, Deadlines, Lane
+from workers.runtime.ledger import acks_to_forward, slot_key
 from workers.runtime.messages import (
     STAGES,
     UPSTREAM,
@@ -66,7 +65,6 @@ from workers.runtime.messages import (
     Command,
     DecodeChunk,
     DenoiseChunk,
-    EncodeChunk,
     EncodePrompt,
     FramesReady,
     OpenSession,
@@ -80,219 +78,7 @@ from workers.runtime.messages import (
     TakeSnapshot,
     TensorRef,
 )
-from workers.runtime.records import ChunkOutput, ChunkRecord
-
-IDLE_INTERVALS_KEPT = 10_000  # per stage: a replay's worth (hours of chunks) for timelines
-
-
-class Schedule(Enum):
-    PIPELINED = "pipelined"
-    SERIAL = "serial"  # the A/B baseline: one chunk through all stages at a time
-
-
-class SessionState(Enum):
-    OPENING = "opening"
-    RUNNING = "running"
-    CLOSING = "closing"
-    CLOSED = "closed"
-    FAILED = "failed"
-
-
-LIVE = (SessionState.OPENING, SessionState.RUNNING)  # a session that still takes work (a prompt, a close)
-
-
-class CommandKind(Enum):
-    OPEN = "open"
-    PROMPT = "prompt"
-    CHUNK = "chunk"
-    CLOSE = "close"
-    SNAPSHOT = "snapshot"
-
-
-@dataclass(frozen=True)
-class Deadlines:
-    """How long a stage may take to answer a command before it counts as hung.
-
-    A kind of command the stage has answered before gets `factor` × the median of its last `window`
-    answer times, and at least `floor_s`; one it has never answered (first calls compile and
-    allocate) gets `first_s`. The server's warm-up chunk sends every kind once.
-    """
-
-    floor_s: float = 3.0
-    factor: float = 4.0
-    first_s: float = 300.0
-    window: int = 16
-
-    def __post_init__(self) -> None:
-        if self.floor_s <= 0 or self.factor < 1 or self.first_s <= 0 or self.window < 1:
-            raise ValueError(f"invalid deadlines: {self}")
-
-    def budget_s(self, history: deque[float] | None) -> float:
-        if not history:
-            return self.first_s
-        ordered = sorted(history)
-        return max(self.floor_s, self.factor * ordered[len(ordered) // 2])
-
-
-@dataclass(frozen=True)
-class Hold:
-    """A control source's "not yet": ask again in `retry_in_s` (the engine wakes for it)."""
-
-    retry_in_s: float
-
-
-# chunk index -> (control, reset pose) to start the chunk now; Hold to start it later; None to hold
-# it back until something changes (asked again on the next pass). The consumer's flow control.
-ControlSource = Callable[[int], tuple[ChunkControl, bool] | Hold | None]
-
-
-@dataclass(frozen=True)
-class SessionSpec:
-    id: str
-    epoch: int
-    seed: int
-    chunk_latent_frames: int
-    image: np.ndarray  # HxWx3 uint8, fitted to the model
-    prompt: str
-    control_source: ControlSource
-    on_chunk: Callable[[ChunkOutput], None]
-    on_end: Callable[[str, str | None], None]  # (session id, error or None)
-    max_chunks: int | None = None  # chunks this session generates (from first_chunk)
-    snapshot: str | None = None  # open from this snapshot's parts instead of the image and prompt
-    snapshot_dir: str | None = None  # a saved snapshot: where its parts' files are
-    first_chunk: int = 0  # a snapshot's boundary: the index of the session's first chunk
-
-
-@dataclass
-class PendingSnapshot:
-    snapshot_id: str
-    boundary: int  # taken after chunk boundary − 1, before chunk boundary
-    sent: set[Stage] = field(default_factory=set)
-    nbytes: dict[Stage, int] = field(default_factory=dict)
-
-
-@dataclass
-class Session:
-    spec: SessionSpec
-    state: SessionState = SessionState.OPENING
-    opened: set[Stage] = field(default_factory=set)
-    closed: set[Stage] = field(default_factory=set)
-    next_encode: int = 0
-    next_dit: int = 0
-    chunks_out: int = 0
-    encoded: deque[tuple[int, TensorRef]] = field(default_factory=deque)  # conditions waiting for the DiT
-    denoised: deque[tuple[int, TensorRef]] = field(default_factory=deque)  # latents waiting for decode
-    computing: dict[Stage, int] = field(default_factory=dict)  # stage -> the chunk it computes for us
-    records: dict[int, ChunkRecord] = field(default_factory=dict)
-    ledger: SlotLedger = field(default_factory=SlotLedger)
-    last_part: FramesReady | None = None  # a chunk's final frames, held until its decode is done
-    snapshot: PendingSnapshot | None = None  # being taken
-    prompt_versions: int = 0  # prompt changes asked for
-    prompt_ready: PromptChange | None = None  # encoded, for the DiT's next chunk
-    prompts_at: dict[int, PromptChange | None] = field(default_factory=dict)  # a replay's, by chunk (None: encoding)
-    error: str | None = None
-
-    def __post_init__(self) -> None:
-        self.next_encode = self.next_dit = self.chunks_out = self.spec.first_chunk
-
-    @property
-    def id(self) -> str:
-        return self.spec.id
-
-    def record(self, index: int) -> ChunkRecord:
-        if index not in self.records:
-            self.records[index] = ChunkRecord(index)
-        return self.records[index]
-
-    def wants_more(self, index: int) -> bool:
-        limit = self.spec.max_chunks
-        return self.state is SessionState.RUNNING and (limit is None or index - self.spec.first_chunk < limit)
-
-    def position(self, stage: Stage) -> int | None:
-        """Chunks `stage` has finished for this session, None while it computes one."""
-        if stage in self.computing:
-            return None
-        return {Stage.ENCODE: self.next_encode, Stage.DIT: self.next_dit, Stage.DECODE: self.chunks_out}[stage]
-
-
-@dataclass
-class Assignment:
-    """The one command a stage is computing; a multi-rank stage replies once per rank."""
-
-    session_id: str
-    epoch: int
-    kind: CommandKind
-    chunk_index: int | None
-    sent_t: float
-    deadline_t: float  # no answer by then: the stage is hung
-    inputs: tuple[tuple[Stage, TensorRef], ...] = ()  # (producer, ref) the command reads
-    replies: list[Reply] = field(default_factory=list)
-
-
-@dataclass
-class Lane:
-    """One stage as the scheduler sees it."""
-
-    stage: Stage
-    world_size: int
-    alive: bool = False
-    assignment: Assignment | None = None
-    queued: deque[OpenSession | EncodePrompt | CloseSession] = field(default_factory=deque)  # ahead of chunk work
-    rr: int = 0  # round-robin pointer over sessions
-    idle_since: float | None = None
-    idle_s: float = 0.0
-    # The most recent idle intervals (for benchmarks' timelines), since the scheduler's origin; the
-    # oldest are dropped so that a server running for weeks holds a bounded number.
-    idle_intervals: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=IDLE_INTERVALS_KEPT))
-    busy_s: float = 0.0
-    answer_s: dict[CommandKind, deque[float]] = field(default_factory=dict)  # recent send-to-answer times
-
-
-# ---- effects ----
-
-
-@dataclass(frozen=True)
-class Send:
-    stage: Stage
-    command: Command
-
-
-@dataclass(frozen=True)
-class ReleaseSlots:
-    producer: Stage
-    acks: tuple[Ack, ...]
-
-
-@dataclass(frozen=True)
-class Deliver:
-    session: SessionSpec
-    part: FramesReady
-    record: ChunkRecord
-    last: bool
-
-
-@dataclass(frozen=True)
-class Ended:
-    session: SessionSpec
-    error: str | None
-
-
-@dataclass(frozen=True)
-class StageLost:
-    stage: Stage
-    error: str
-
-
-@dataclass(frozen=True)
-class SnapshotDone:
-    snapshot_id: str
-    session: SessionSpec | None  # None: asked of a session that had already ended
-    chunk_index: int  # the boundary: a session opened from it starts with this chunk
-    nbytes: dict[Stage, int]  # every rank's part, summed per stage
-    error: str | None = None  # failed: drop whatever parts were stored
-
-
-Effect = Send | ReleaseSlots | Deliver | Ended | StageLost | SnapshotDone
+from workers.runtime.scheduled_session import LIVE, Hold, PendingSnapshot, Session, SessionSpec, SessionState
 
 _KIND_OF_QUEUED = {OpenSession: CommandKind.OPEN, EncodePrompt: CommandKind.PROMPT, CloseSession: CommandKind.CLOSE}
 
@@ -324,9 +110,7 @@ class Scheduler:
     ) -> None:
         if prefetch_chunks < 1 or edge_capacity < 1:
             raise ValueError("prefetch_chunks and edge_capacity must be at least 1")
-        self.schedule = schedule
-        self.prefetch_chunks = 1 if schedule is Schedule.SERIAL else prefetch_chunks
-        self.edge_capacity = edge_capacity
+        self.rules = ChunkRules(schedule, 1 if schedule is Schedule.SERIAL else prefetch_chunks, edge_capacity)
         self.deadlines = deadlines or Deadlines()
         self.origin_t = origin_t  # idle intervals count from here
         self.lanes = {s: Lane(s, world_sizes[s]) for s in STAGES}
@@ -454,10 +238,7 @@ class Scheduler:
         assignment.replies.append(msg)
         if len(assignment.replies) < lane.world_size:
             return self._flush()
-        lane.assignment, lane.idle_since = None, now
-        history = lane.answer_s.setdefault(assignment.kind, deque(maxlen=self.deadlines.window))
-        history.append(now - assignment.sent_t)
-        self._on_assignment_done(stage, assignment, now)
+        self._on_assignment_done(stage, lane.answered(self.deadlines, now), now)
         return self._flush()
 
     # ---- dispatch ----
@@ -490,7 +271,10 @@ class Scheduler:
                 session = order[(lane.rr + i) % len(order)]
                 if session.state is not SessionState.RUNNING:
                     continue
-                work = self._next_work(stage, session, now)
+                work = next_work(self.rules, stage, session, now)
+                if isinstance(work, Hold):
+                    self.retry_at = min(self.retry_at, now + work.retry_in_s)
+                    continue
                 if isinstance(work, TakeSnapshot):
                     self._assign(lane, work, CommandKind.SNAPSHOT, session, session.position(stage), now)
                     break
@@ -505,73 +289,18 @@ class Scheduler:
 
     def report(self, now: float) -> dict[str, Any]:
         """Busy and idle seconds per stage; idle time counts while sessions are open, up to `now`."""
-        out = {}
-        for stage, lane in self.lanes.items():
-            idle = lane.idle_s
-            if lane.idle_since is not None and self.sessions:
-                idle += now - lane.idle_since
-            out[stage.value] = {"busy_s": lane.busy_s, "idle_s": idle, "idle_intervals": list(lane.idle_intervals)}
-        return out
+        return {stage.value: lane.times(now, bool(self.sessions)) for stage, lane in self.lanes.items()}
 
     def outstanding_slots(self) -> int:
         return sum(len(s.ledger) for s in self.sessions.values())
 
     # ---- internals: work ----
 
-    def _next_work(
-        self, stage: Stage, s: Session, now: float
-    ) -> EncodeChunk | DenoiseChunk | DecodeChunk | TakeSnapshot | None:
-        snap = s.snapshot
-        if snap is not None and stage not in snap.sent and s.position(stage) == snap.boundary:
-            snap.sent.add(stage)
-            return TakeSnapshot(s.id, s.spec.epoch, snap.snapshot_id)
-        serial = self.schedule is Schedule.SERIAL
-        if stage is Stage.ENCODE:
-            k = s.next_encode
-            ahead = len(s.encoded) + (Stage.ENCODE in s.computing)
-            if not s.wants_more(k) or ahead >= self.prefetch_chunks or (serial and k > s.chunks_out):
-                return None
-            s.next_encode += 1
-            s.record(k).stages[Stage.ENCODE].ready_t = now
-            return EncodeChunk(s.id, s.spec.epoch, k)
-        if stage is Stage.DIT:
-            if not s.encoded or s.encoded[0][0] != s.next_dit:
-                return None
-            waiting = len(s.denoised) + (Stage.DECODE in s.computing)
-            if waiting >= self.edge_capacity or (serial and s.next_dit > s.chunks_out):
-                return None
-            if s.next_dit in s.prompts_at and s.prompts_at[s.next_dit] is None:
-                return None  # a replay's prompt change for this chunk is still being encoded
-            sampled = s.spec.control_source(s.next_dit)  # controls are sampled now, when the DiT could start
-            if sampled is None:
-                return None
-            if isinstance(sampled, Hold):
-                self.retry_at = min(self.retry_at, now + sampled.retry_in_s)
-                return None
-            control, reset = sampled
-            k, cond = s.encoded.popleft()
-            s.next_dit += 1
-            s.record(k).control = control
-            prompt = s.prompts_at.pop(k, None)
-            if prompt is None:
-                prompt, s.prompt_ready = s.prompt_ready, None
-            if prompt is not None:
-                s.record(k).prompt_change = {"text": prompt.text, "transition_chunks": prompt.transition_chunks}
-            return DenoiseChunk(s.id, s.spec.epoch, k, cond, control, reset, prompt)
-        if not s.denoised:
-            return None
-        k, latents = s.denoised.popleft()
-        return DecodeChunk(s.id, s.spec.epoch, k, latents)
-
     def _assign(
         self, lane: Lane, cmd: Command, kind: CommandKind, session: Session, chunk: int | None, now: float
     ) -> None:
-        if lane.idle_since is not None and self.sessions:
-            lane.idle_intervals.append((lane.idle_since - self.origin_t, now - self.origin_t))
-            lane.idle_s += now - lane.idle_since
-        lane.idle_since = None
-        deadline_t = now + self.deadlines.budget_s(lane.answer_s.get(kind))
-        lane.assignment = Assignment(session.id, session.spec.epoch, kind, chunk, now, deadline_t, _inputs_of(cmd))
+        assignment = Assignment(session.id, session.spec.epoch, kind, chunk, now, inputs=_inputs_of(cmd))
+        lane.start(assignment, self.deadlines, now, self.origin_t, bool(self.sessions))
         if chunk is not None:  # a chunk, or a snapshot at a boundary: the session's work on this stage
             session.computing[lane.stage] = chunk
         if kind is CommandKind.CHUNK:

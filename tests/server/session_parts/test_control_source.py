@@ -9,7 +9,7 @@ import time
 from server.session.control_source import ControlSource
 from server.wire.dispatch import DispatchConfig, DispatchPolicy
 from workers.controls import ChunkControl, ControlMsg, LookMsg
-from workers.runtime.scheduler import Hold
+from workers.runtime.scheduled_session import Hold
 
 
 class TakenLog:

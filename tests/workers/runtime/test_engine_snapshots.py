@@ -14,7 +14,7 @@ from workers.models.presets import get_preset
 from workers.runtime.engine import PipelineEngine
 from workers.runtime.memory_plan import machine_capacity, plan_memory
 from workers.runtime.placement import PLACEMENTS
-from workers.runtime.scheduler import ControlSource
+from workers.runtime.scheduled_session import ControlSource
 from workers.runtime.snapshot_catalog import SnapshotBudget, SnapshotEntry, SnapshotGone, Where
 
 pytestmark = pytest.mark.processes

@@ -15,6 +15,9 @@ import pytest
 
 from workers.controls import ChunkControl
 from workers.runtime.channel import Ack, ShmHandle, SlotRef
+from workers.runtime.chunk_rules import Schedule
+from workers.runtime.effects import Deliver, Effect, Ended, ReleaseSlots, Send, SnapshotDone, StageLost
+from workers.runtime.lanes import Deadlines
 from workers.runtime.ledger import SlotKey, slot_key
 from workers.runtime.messages import (
     STAGES,
@@ -37,20 +40,8 @@ from workers.runtime.messages import (
     TakeSnapshot,
 )
 from workers.runtime.records import ChunkOutput
-from workers.runtime.scheduler import (
-    Deadlines,
-    Deliver,
-    Effect,
-    Ended,
-    Hold,
-    ReleaseSlots,
-    Schedule,
-    Scheduler,
-    Send,
-    SessionSpec,
-    SnapshotDone,
-    StageLost,
-)
+from workers.runtime.scheduled_session import Hold, SessionSpec
+from workers.runtime.scheduler import Scheduler
 
 C = 4  # latent frames per chunk
 IMAGE = np.zeros((8, 8, 3), np.uint8)
