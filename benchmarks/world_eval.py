@@ -41,6 +41,12 @@ so with 8 walks a later horizon's PSNR is uncertain by 1–2 dB. To compare two 
 the first one's report as `--baseline`: each figure's difference is then taken walk by walk
 (paired), which resolves changes of a fraction of a decibel where the figures' own errors cannot.
 
+Paths (walks, trials, clips, event walks) are drawn and rendered in chunks of 4 latent frames (1 s,
+the released presets' chunk) whatever the preset's chunk, and each path chunk is cut into the
+preset's chunks for generation (the same keys, the mouse look shared by frame): presets of every
+chunk length that divides 4 walk the same frames under the same keys, so a 1-latent preset's report
+pairs with a 4-latent one's (`--baseline`), and every count of chunks below is of path chunks.
+
 `--timestep-indices` samples with a subset of the timesteps the DiT was trained at. The preset's
 four (σ = 1.0, 0.97, 0.91, 0.77) all lie at high noise, so the chunk the sampler keeps is already
 close to the model's mean estimate of it; one step (`0`) is that estimate itself: what the weights
@@ -87,7 +93,7 @@ from workers.training.clips import (
     sample_start,
     split_rng,
 )
-from workers.world import EVENT_PROMPTS, World, WorldEvent, free_distance
+from workers.world import EVENT_PROMPTS, World, WorldEvent, free_distance, recut_control
 
 HORIZONS_S = {"0-1s": (0.0, 1.0), "1-2s": (1.0, 2.0), "2-4s": (2.0, 4.0), "4-10s": (4.0, 10.0)}
 DRIFT_S = (9.0, 10.0)
@@ -106,6 +112,7 @@ TARGETS = {
     "controllability": 0.98,
 }
 EVAL_SEED = 0
+PATH_CHUNK_LATENT_FRAMES = 4  # paths' chunks, whatever the preset's (see the module's docstring)
 EVENT_WALK = 5  # chunks: the day, the event over chunks 1-3, the day again at chunk 4
 EVENT_AT, EVENT_UNTIL = 1, 4
 EVENT_SEARCH_OFFSET = 30_000  # event walks draw their starts from their own eval-split items
@@ -160,6 +167,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.threads < 1:
         p.error("--threads must be at least 1")
     args.preset = get_preset(args.model)
+    if PATH_CHUNK_LATENT_FRAMES % args.preset.chunk_latent_frames:
+        p.error(
+            f"{args.model}'s chunks of {args.preset.chunk_latent_frames} latent frames do not divide the evaluation "
+            f"paths' chunks of {PATH_CHUNK_LATENT_FRAMES}"
+        )
     if args.timestep_indices is not None:
         wanted, trained = args.timestep_indices, args.preset.timestep_indices
         if args.card is not None:
@@ -190,9 +202,26 @@ def _log(msg: str) -> None:
     print(f"[world_eval] {msg}", file=sys.stderr, flush=True)
 
 
-def generate(engine: SerialEngine, first_frame: np.ndarray, controls: list[ChunkControl], seed: int) -> np.ndarray:
+def generate(
+    engine: SerialEngine,
+    first_frame: np.ndarray,
+    controls: list[ChunkControl],
+    seed: int,
+    prompts: dict[int, str] | None = None,
+) -> np.ndarray:
+    """The engine's frames from `first_frame` under a path's controls (one per path chunk), each cut
+    into the preset's chunks; `prompts[k]` is set before path chunk k."""
+    chunk = engine.preset.chunk_latent_frames
     session = engine.create_session(first_frame, prompt="", seed=seed)
-    return np.concatenate([session.step(c).frames for c in controls])
+    try:
+        made = []
+        for k, control in enumerate(controls):
+            if prompts and k in prompts:
+                engine.set_prompt(session, prompts[k])
+            made += [session.step(c).frames for c in recut_control(control, PATH_CHUNK_LATENT_FRAMES, k == 0, chunk)]
+        return np.concatenate(made)
+    finally:
+        session.close()
 
 
 @torch.no_grad()
@@ -465,14 +494,7 @@ def events(engine: SerialEngine, world: World, spec: ClipSpec, starts: int) -> d
             day = render_clip(world, spec, start, controls).frames
             truth = render_clip(world, spec, start, controls, schedule).frames
             stayed = render_clip(world, spec, start, controls, stays).frames  # had the day not come back
-            session = engine.create_session(day[0], prompt="", seed=index)
-            chunks = []
-            for k, control in enumerate(controls):
-                if k in (EVENT_AT, EVENT_UNTIL):
-                    engine.set_prompt(session, prompt if k == EVENT_AT else "")
-                chunks.append(session.step(control).frames)
-            session.close()
-            made = np.concatenate(chunks)
+            made = generate(engine, day[0], list(controls), seed=index, prompts={EVENT_AT: prompt, EVENT_UNTIL: ""})
             near_event, near_day = psnr_db(made, truth), psnr_db(made, day)
             to_event.append([float(near_event[a:b].mean()) for a, b in itertools.pairwise(bounds)])
             to_day.append([float(near_day[a:b].mean()) for a, b in itertools.pairwise(bounds)])
@@ -524,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = None if args.vae_only else SerialEngine.load(preset, args.checkpoint, cpu_threads=args.threads)
     vae = load_vae(preset, torch.device("cpu"), args.checkpoint) if engine is None else engine.vae
     world = World.generate(WORLD_SEED)
-    spec = ClipSpec.for_preset(preset)
+    spec = dataclasses.replace(ClipSpec.for_preset(preset), chunk_latent_frames=PATH_CHUNK_LATENT_FRAMES)
     walk, strip = walking(vae, engine, world, spec, preset.fps, args.walks, args.walk_chunks)
     headline: dict[str, float | None] = {
         "vae_psnr_db": walk["vae"]["psnr_db_mean"],

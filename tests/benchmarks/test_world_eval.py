@@ -11,7 +11,10 @@ import pytest
 from PIL import Image, ImageFilter
 
 from benchmarks.image_metrics import gaussian_blur, laplacian_variance
-from benchmarks.world_eval import CONTROLS, EVENT_WALK, main, parse_args, spread, versus_baseline
+from benchmarks.world_eval import CONTROLS, EVENT_WALK, generate, main, parse_args, spread, versus_baseline
+from workers.controls import ChunkControl
+from workers.models.presets import get_preset
+from workers.serial_engine import SerialEngine
 from workers.world import EVENT_PROMPTS, WorldEvent
 
 pytestmark = pytest.mark.processes
@@ -104,6 +107,21 @@ def test_timestep_indices_pick_a_subset_of_the_trained_ones_and_refuse_others(tm
         with pytest.raises(SystemExit) as exc:
             parse_args([*out, *extra])
         assert exc.value.code == 2
+
+
+def test_a_path_walks_the_same_frames_in_a_preset_of_shorter_chunks() -> None:
+    """The 1-latent preset steps four chunks per path chunk and makes as many frames as the 4-latent
+    one; a preset whose chunk does not divide the paths' is refused before anything loads."""
+    path = [ChunkControl.from_keys(["w"]), ChunkControl(keys=frozenset("l"), look_dx_px=40.0)]
+    start = np.zeros((128, 128, 3), np.uint8)
+    made = {}
+    for name in ("gridworld", "gridworld-responsive"):
+        engine = SerialEngine.load(get_preset(name), None, cpu_threads=1)
+        made[name] = generate(engine, start, path, seed=0, prompts={1: "night"})
+    assert made["gridworld"].shape == made["gridworld-responsive"].shape == (13 + 16, 128, 128, 3)
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--out", "EVAL.json", "--model", "matrix-game-2-tiny"])
+    assert exc.value.code == 2
 
 
 def test_world_eval_refuses_to_record_a_vae_only_run_in_a_card(tmp_path: Path) -> None:

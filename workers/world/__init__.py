@@ -14,6 +14,7 @@ from workers.world.paths import (
     free_distance,
     random_controls,
     random_start,
+    recut_control,
     render_path,
     simulate_path,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "generate_map",
     "random_controls",
     "random_start",
+    "recut_control",
     "render_layers",
     "render_path",
     "render_view",

@@ -18,9 +18,9 @@ were blocked, so training can choose its conditioning; the two agree until the f
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -44,6 +44,28 @@ def _look_per_step(control: ChunkControl, motion: CameraMotion, steps: int) -> t
     # Same spreading as integrate_chunk, so the poses match it bit for bit.
     total = max(1, steps)
     return control.look_dx_px * motion.look_deg_per_px / total, -control.look_dy_px * motion.look_deg_per_px / total
+
+
+def recut_control(
+    control: ChunkControl, path_chunk_latent_frames: int, first_chunk: bool, chunk_latent_frames: int
+) -> list[ChunkControl]:
+    """One chunk's control of a path drawn in chunks of `path_chunk_latent_frames`, as the controls of
+    the shorter chunks of `chunk_latent_frames` that cover the same video frames: the same keys, and
+    the mouse look shared by camera steps, so every frame moves as it did (the first chunk's first
+    piece, the start frame alone, takes no step and no look)."""
+    if chunk_latent_frames < 1 or path_chunk_latent_frames % chunk_latent_frames:
+        raise ValueError(
+            f"a chunk of {path_chunk_latent_frames} latent frames does not split into chunks of {chunk_latent_frames}"
+        )
+    pieces = path_chunk_latent_frames // chunk_latent_frames
+    total = _chunk_steps(path_chunk_latent_frames, first_chunk)
+    out = []
+    for i in range(pieces):
+        share = _chunk_steps(chunk_latent_frames, first_chunk and i == 0) / total if total else 0.0
+        out.append(
+            dataclasses.replace(control, look_dx_px=control.look_dx_px * share, look_dy_px=control.look_dy_px * share)
+        )
+    return out
 
 
 def _collide(
@@ -83,7 +105,7 @@ def _advance(
     return states, blocked
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class PathPoses:
     c2w: np.ndarray  # [T, 4, 4] float64 poses rendered (after collision)
     commanded_c2w: np.ndarray  # [T, 4, 4] float64 poses the server integrates from the keys (no walls)

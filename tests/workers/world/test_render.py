@@ -15,7 +15,7 @@ from PIL import Image
 from workers.chunk_geometry import video_frames
 from workers.controls import ChunkControl
 from workers.models.camera import CameraMotion, CameraState, Intrinsics, integrate_chunk, plucker_rays
-from workers.world import World, free_distance, random_controls, render_path, simulate_path
+from workers.world import World, free_distance, random_controls, recut_control, render_path, simulate_path
 from workers.world.map import TOWER, WALL
 from workers.world.render import FLOOR, SKY, TOWER_HIT, WALL_HIT
 
@@ -226,3 +226,21 @@ def test_paths_can_start_anywhere(world: World) -> None:
     heading = np.array([math.sin(math.radians(start.yaw_deg)), 0.0, math.cos(math.radians(start.yaw_deg))])
     moved = poses.c2w[-1][:3, 3] - poses.c2w[0][:3, 3]
     assert np.allclose(moved, heading * MOTION.move_step_per_frame * (len(poses.c2w) - 1))
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 4])
+def test_a_path_recut_into_shorter_chunks_walks_the_same_frames(world: World, chunk: int) -> None:
+    controls = random_controls(np.random.default_rng(5), 6, world=world)
+    controls[1] = ChunkControl(keys=frozenset("w"), look_dx_px=90.0, look_dy_px=-12.0)  # a mouse look to share
+    controls[0] = ChunkControl(keys=frozenset("wl"), look_dx_px=-30.0)  # and one in the first chunk
+    pieces = [p for k, c in enumerate(controls) for p in recut_control(c, 4, k == 0, chunk)]
+    assert len(pieces) == len(controls) * 4 // chunk
+    path = simulate_path(world, controls, 4)
+    recut = simulate_path(world, pieces, chunk)
+    assert path.c2w.shape == recut.c2w.shape
+    np.testing.assert_allclose(recut.c2w, path.c2w, atol=1e-9)  # shared look: same sums, up to rounding
+
+
+def test_a_chunk_that_does_not_split_is_refused() -> None:
+    with pytest.raises(ValueError, match="does not split into chunks of 3"):
+        recut_control(ChunkControl(), 4, False, 3)
