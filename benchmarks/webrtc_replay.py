@@ -18,9 +18,10 @@ numbers on the synthetic model, content on real ones). Per viewer it reports uni
 frames per second (`client_unique_fps`), repeats (after the first chunk too), stalls, out-of-order
 frames, frame-interval jitter and glass-to-glass p50/p95 (control sent → first received frame of
 the first chunk that applied it; this client has no display, so a browser adds its render delay), and
-beside them the server's own repeat/drop counters. Per run it reports, from the engine, the DiT's
-idle fraction and every stage's busy seconds over the steady window (after each viewer's first
-chunk), which is where compute shows, separately from delivery.
+beside them the server's own repeat/drop counters, and where the latency went (`latency_breakdown`:
+waiting for a chunk to take the control, compute, the pacer's queue, network and client). Per run it
+reports, from the engine, the DiT's idle fraction and every stage's busy seconds over the steady
+window (after each viewer's first chunk), which is where compute shows, separately from delivery.
 
 Runs for several dispatch policies happen one after another against the same server and trace.
 """
@@ -197,6 +198,7 @@ async def run_policy(args: argparse.Namespace, url: str, trace: Trace, policy: s
             "server_session": server,
             "server_stats_last": c.run.stats[-1] if c.run.stats else None,
             "timeline": timeline,  # the server's, for python -m benchmarks.timeline
+            "latency_breakdown_s": latency_breakdown(timeline, report["glass_to_glass_s"]["p50"]),
             "recording": recording,
         }
         viewers.append(report)
@@ -206,6 +208,27 @@ async def run_policy(args: argparse.Namespace, url: str, trace: Trace, policy: s
         "viewers": viewers,
         "engine": engine | {"event_loop_lag_p99_s": after.get("event_loop_lag_p99_s")},
         "wall_s": time.perf_counter() - t0,
+    }
+
+
+def latency_breakdown(timeline: dict[str, Any], glass_to_glass_p50_s: float | None) -> dict[str, Any]:
+    """Where control-to-frame latency went: medians over the controls the server saw reach the wire
+    (its timeline) of waiting for a chunk to take them, that chunk's compute up to its first frames in
+    the pacer, and the pacer's queue; the rest of glass-to-glass (network, the client's receive path
+    and jitter buffer) is the client's p50 less the server's. Medians of parts need not add up exactly."""
+    rows = [c for c in timeline.get("controls", []) if c.get("sampled_s") is not None]
+
+    def p50(key_from: str, key_to: str) -> float | None:
+        return summarize([c[key_to] - c[key_from] for c in rows])["p50"]
+
+    server = p50("arrived_s", "shown_s")
+    return {
+        "controls": len(rows),
+        "wait_for_sample": p50("arrived_s", "sampled_s"),
+        "compute": p50("sampled_s", "in_pacer_s"),
+        "pacer_queue": p50("in_pacer_s", "shown_s"),
+        "server": server,
+        "network_and_client": None if server is None or glass_to_glass_p50_s is None else glass_to_glass_p50_s - server,
     }
 
 
@@ -264,6 +287,13 @@ def headline(run: dict[str, Any]) -> list[str]:
             f"p95 {g['p95'] or 0:.2f} s; server repeats {v['server_frames_repeated']} drops "
             f"{v['server_frames_dropped']}"
         )
+        b = v["latency_breakdown_s"]
+        if b["server"] is not None:
+            lines.append(
+                f"    latency p50 over {b['controls']} controls: wait for the sample {b['wait_for_sample']:.3f} s, "
+                f"compute {b['compute']:.3f} s, pacer queue {b['pacer_queue']:.3f} s (server {b['server']:.3f} s), "
+                f"network and client {b['network_and_client'] or 0:.3f} s"
+            )
         if v["prompts_sent"]:
             p = v["prompt_to_frame_s"]
             lines.append(

@@ -30,7 +30,7 @@ from server.common.metrics import Metrics
 from server.media.fanout import VideoFanout
 from server.media.pacer import Pacer
 from server.media.recording import ChunkEntry, SessionRecording
-from server.media.timeline import TIMELINE_CHUNKS, SessionTimeline
+from server.media.timeline import TIMELINE_CHUNKS, ControlPath, SessionTimeline
 from server.session.control_source import ControlSource
 from server.wire.protocol import ChunkMsg
 from workers.chunk_geometry import chunk_num_frames
@@ -61,7 +61,10 @@ class MediaLine:
         self._open_perf_t = 0.0  # the engine's clock at the open: stage times count from here
         self._frames_pushed = frames_before  # a branch's video goes on from its snapshot's frame count
         self._parts: dict[int, list[Part]] = {}  # chunk -> its parts so far
-        self._awaiting_display: dict[int, list[float]] = {}  # chunk -> arrivals of the controls it shows first
+        # chunk -> when it took its controls (scheduler thread; popped when its first frames arrive)
+        self._taken_t: dict[int, float] = {}
+        # chunk -> (arrivals of the controls it shows first, when it took them, when its first frames came)
+        self._awaiting_display: dict[int, tuple[list[float], float | None, float]] = {}
         self._control_to_frame: deque[float] = deque(maxlen=LATENCY_SAMPLES)
         self._last_chunk_t: float | None = None
         self._periods: deque[float] = deque(maxlen=PERIOD_SAMPLES)
@@ -76,7 +79,9 @@ class MediaLine:
             recording.rewind(history)
 
     def control_taken(self, chunk_index: int, control: ChunkControl, reset_pose: bool) -> None:
-        """The control source's report (scheduler thread): the recording keeps what each chunk took."""
+        """The control source's report (scheduler thread): the recording keeps what each chunk took,
+        the latency breakdown when it took it."""
+        self._taken_t[chunk_index] = time.monotonic()
         if self.recording is not None:
             self.recording.control_taken(chunk_index, control, reset_pose)
 
@@ -108,6 +113,7 @@ class MediaLine:
         discarded = self.pacer.discard_queued()
         self._parts.clear()
         self._awaiting_display.clear()
+        self._taken_t.clear()
         self._frames_pushed = frames
         if self.recording is not None:
             self.recording.rewind(history)
@@ -179,18 +185,20 @@ class MediaLine:
             self._metrics.chunk_period.observe(now - self._last_chunk_t)
         self._last_chunk_t = now
         control = out.record.control
+        taken_t = self._taken_t.pop(out.index, None)
         arrivals = self._controls.arrivals_applied_by(None if control is None else control.seq)
         if arrivals:
-            self._awaiting_display[out.index] = arrivals  # measured when its first frame goes out
+            self._awaiting_display[out.index] = (arrivals, taken_t, now)  # measured when its first frame goes out
 
     def _on_emit(self, chunk_index: int, frame_index: int, emit_t: float) -> None:
         """The pacer sends a chunk's first frame (loop thread): its controls have reached the screen."""
         for older in [k for k in self._awaiting_display if k < chunk_index]:
             del self._awaiting_display[older]  # its frames were dropped unseen
-        for arrived in self._awaiting_display.pop(chunk_index, ()):
+        arrivals, taken_t, in_pacer_t = self._awaiting_display.pop(chunk_index, ((), None, emit_t))
+        for arrived in arrivals:
             latency = max(0.0, emit_t - arrived)
             if self.timeline is not None:
-                self.timeline.control_shown(arrived, emit_t)
+                self.timeline.control_shown(ControlPath(arrived, taken_t, in_pacer_t, emit_t))
             self._control_to_frame.append(latency)
             self._metrics.control_to_frame.observe(latency)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.webrtc_replay import engine_window, parse_args
+from benchmarks.webrtc_replay import engine_window, latency_breakdown, parse_args
 from worldrtc.frames import ReceivedFrame, prompt_to_frame_s
 
 
@@ -49,3 +49,23 @@ def test_prompt_to_frame_is_send_to_the_first_frame_of_the_first_chunk_that_read
     assert got == pytest.approx([0.5])
     # A chunk whose message came before the send is not the one that took the prompt.
     assert prompt_to_frame_s(frames, chunks, [("day", 3.5)], stamped=True) == []
+
+
+def test_latency_breakdown_splits_each_controls_way_to_the_screen() -> None:
+    def row(arrived: float, wait: float, compute: float, queue: float) -> dict:
+        return {
+            "arrived_s": arrived,
+            "sampled_s": arrived + wait,
+            "in_pacer_s": arrived + wait + compute,
+            "shown_s": arrived + wait + compute + queue,
+        }
+
+    unseen = {"arrived_s": 0.5, "sampled_s": None, "in_pacer_s": 0.9, "shown_s": 1.0}  # a branch's first chunk
+    timeline = {"controls": [row(1.0, 0.1, 0.2, 0.05), row(2.0, 0.2, 0.2, 0.05), row(3.0, 0.3, 0.2, 0.05), unseen]}
+    b = latency_breakdown(timeline, glass_to_glass_p50_s=0.6)
+    assert b["controls"] == 3
+    assert b["wait_for_sample"] == pytest.approx(0.2) and b["compute"] == pytest.approx(0.2)
+    assert b["pacer_queue"] == pytest.approx(0.05) and b["server"] == pytest.approx(0.45)
+    assert b["network_and_client"] == pytest.approx(0.15)
+    empty = latency_breakdown({"controls": []}, glass_to_glass_p50_s=None)
+    assert empty["server"] is None and empty["network_and_client"] is None
