@@ -204,6 +204,7 @@ function recordLatency(s, ms) {
   hook.stats.g2gLastMs = ms;
   hook.stats.g2gSamples += 1;
   hook.stats.g2gP50Ms = percentile(s.g2g, 0.5);
+  hook.stats.g2gRecentMs = [...s.g2g]; // a copy: the window the p50 is of, oldest first, for tests
 }
 
 export function percentile(values, q) {

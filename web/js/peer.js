@@ -41,7 +41,7 @@ export function newConnection(startedAt) {
 export function resetStats() {
   Object.assign(hook.stats, {
     framesDisplayed: 0, fps: 0, firstFrameS: null,
-    g2gP50Ms: null, g2gLastMs: null, g2gSamples: 0, g2gMethod: null, g2gLog: [],
+    g2gP50Ms: null, g2gLastMs: null, g2gSamples: 0, g2gRecentMs: [], g2gMethod: null, g2gLog: [],
     chunksReceived: 0, lastChunk: null, serverStats: null, rttMs: null, ptsAheadFrames: null,
   });
   hook.error = null;

@@ -31,6 +31,7 @@ export const hook = {
     g2gP50Ms: null,
     g2gLastMs: null,
     g2gSamples: 0,
+    g2gRecentMs: [], // the samples g2gP50Ms is the median of (the last G2G_WINDOW), oldest first
     g2gMethod: null, // "rtp-pts" or "next-frame" (see the latency comment in latency.js)
     g2gLog: [],
     chunksReceived: 0,
