@@ -5,6 +5,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # The CPU build of torch; override for CUDA machines, e.g. `make TORCH_SPEC=torch run`.
 TORCH_SPEC ?= torch==2.13.0
+# `make run MODEL=gridworld-responsive`: another preset (default: the server's, gridworld).
+MODEL ?=
 RUN_ARGS ?= --placement cpu
 REPLAY_ARGS ?= --chunks 8 --seed 0 --out runs/replay.json --video runs/replay.mp4
 PYTEST_ARGS ?=
@@ -27,7 +29,7 @@ $(VENV)/.installed: pyproject.toml
 
 # The server with the embedded default model; prints the URL to open once it is warm.
 run: setup
-	$(VENV)/bin/worldrtc serve $(RUN_ARGS)
+	$(VENV)/bin/worldrtc serve $(MODEL) $(RUN_ARGS)
 
 # Headless: generate a video from the default control trace (runs/replay.mp4).
 replay: setup
