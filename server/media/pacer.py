@@ -16,6 +16,10 @@ Policies (every buffer has a bound and an overflow policy):
   running, so the stream never stalls and never has to catch up.
 - Before the first frame ever arrives there is nothing honest to show: `next_frame()` returns None and
   `wait_next()` waits for the first push. The video therefore sends nothing rather than garbage.
+- Start: `wait_next()` sends the first frame once `start_frames` are queued, or `start_wait_s` after
+  the first push, whichever comes first. A stream whose first chunk is shorter than the wait for the
+  next one would otherwise show it and then repeat its last frame until the next chunk comes; a
+  player buffers before it plays for the same reason. The default (1) starts at the first frame.
 - Consumer stall: if a tick is served more than `max_lateness_frames` intervals after it was due (the
   event loop or the session's encoder thread stalled), the schedule is
   re-anchored at now (`reanchors`) instead of bursting the backlog out back to back. Smaller lateness
@@ -42,6 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 VIDEO_CLOCK_HZ = 90_000  # RTP video clock
+START_POLL_S = 0.005  # how often a waiting start looks at the queue again
 
 EmitHook = Callable[[int, int, float], None]  # (chunk_index, frame_index, emit_time_s)
 
@@ -84,6 +89,8 @@ class Pacer:
         max_lateness_frames: float = 2.0,
         on_emit: EmitHook | None = None,
         history_frames: int = 0,
+        start_frames: int = 1,
+        start_wait_s: float = 1.0,
     ) -> None:
         if not isinstance(fps, int) or fps < 1 or VIDEO_CLOCK_HZ % fps:
             raise ValueError(
@@ -93,6 +100,11 @@ class Pacer:
             raise ValueError(f"max_frames must be >= 1 (about one chunk, e.g. 16-20), got {max_frames}")
         if max_lateness_frames <= 0:
             raise ValueError(f"max_lateness_frames must be > 0 (e.g. 2.0), got {max_lateness_frames}")
+        if not 1 <= start_frames <= max_frames or start_wait_s < 0:
+            raise ValueError(
+                f"start_frames must be in 1..max_frames ({max_frames}) and start_wait_s >= 0, "
+                f"got {start_frames} and {start_wait_s}"
+            )
         self.fps = fps
         self.max_frames = max_frames
         self.pts_step = VIDEO_CLOCK_HZ // fps
@@ -101,6 +113,8 @@ class Pacer:
         self._max_lateness_s = max_lateness_frames / fps
         self.on_emit = on_emit
         self.history: deque[tuple[float, int, bool]] = deque(maxlen=history_frames)
+        self.start_frames = start_frames
+        self.start_wait_s = start_wait_s
 
         self._queue: deque[tuple[np.ndarray, int, int]] = deque()  # (frame [H, W, 3], chunk, frame index)
         self._last: tuple[np.ndarray, int] | None = None  # (frame, chunk) most recently emitted
@@ -108,6 +122,7 @@ class Pacer:
         self._ticks = 0  # frames emitted since the anchor
         self._next_pts = 0
         self._arrived = asyncio.Event()  # set by the first push (and by close)
+        self._first_push_s: float | None = None
         self._closed = False
 
         self.sent = 0
@@ -133,6 +148,8 @@ class Pacer:
             self.dropped += overflow
         self.max_depth_seen = max(self.max_depth_seen, len(self._queue))
         if frames.shape[0]:
+            if self._first_push_s is None:
+                self._first_push_s = self._clock()
             self._arrived.set()
 
     def discard_queued(self) -> int:
@@ -201,6 +218,10 @@ class Pacer:
             if self._last is None and not self._queue:
                 await self._arrived.wait()
                 continue
+            starting_in = self._starting_in_s()
+            if starting_in > 0:
+                await self._sleep(min(starting_in, START_POLL_S))
+                continue
             due = self.next_due_s
             if due is not None:
                 delay = due - self._clock()
@@ -211,6 +232,12 @@ class Pacer:
             frame = self.next_frame(self._clock())
             assert frame is not None
             return frame
+
+    def _starting_in_s(self) -> float:
+        """How long the first frame still waits for `start_frames` to queue (0: go)."""
+        if self._anchor_s is not None or len(self._queue) >= self.start_frames or self._first_push_s is None:
+            return 0.0
+        return max(0.0, self._first_push_s + self.start_wait_s - self._clock())
 
     def close(self) -> None:
         """Release queued frames and wake a waiter (it raises PacerClosed). Idempotent."""

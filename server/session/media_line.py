@@ -13,9 +13,11 @@ of the first chunk that applied it. Generation is `behind` when the median perio
 BEHIND_CHUNKS chunks is over BEHIND_RATIO × a chunk's media duration (once BEHIND_MIN_CHUNKS are in:
 one slow chunk, a first compile or a hiccup, is not behind).
 
-The pacer holds at most two chunks and a little (dispatch keeps at most two between DiT start and
-the pacer, and starts one only when the buffer is about to run out): its bound drops frames only if
-that breaks. A rewind discards what is queued from the abandoned future.
+A stream whose first chunk is the start image alone (one-latent chunks) starts once the second
+chunk's frames are in too (`start_frames`). The pacer holds at most two chunks and a little
+(dispatch keeps at most two between DiT start and the pacer, and starts one only when the buffer is
+about to run out): its bound drops frames only if that breaks. A rewind discards what is queued from
+the abandoned future.
 """
 
 from __future__ import annotations
@@ -46,6 +48,15 @@ BEHIND_MIN_CHUNKS = 3
 Part = tuple[int, int, int]  # (first frame, pts of the first frame, frames) of one part of a chunk
 
 
+def start_frames(chunk_latent_frames: int) -> int:
+    """Frames the pacer queues before the first goes out. A first chunk of under half a chunk period
+    (one-latent chunks: the start image alone) is on screen for less time than the next chunk takes
+    to compute, and would be held there, repeated, until it comes: such a stream starts with the
+    first two chunks' frames. Longer first chunks start at once."""
+    first, steady = chunk_num_frames(0, chunk_latent_frames), chunk_num_frames(1, chunk_latent_frames)
+    return first + steady if 2 * first < steady else 1
+
+
 class MediaLine:
     def __init__(
         self, fps: int, chunk_latent_frames: int, controls: ControlSource, metrics: Metrics, frames_before: int
@@ -53,7 +64,11 @@ class MediaLine:
         self.fps, self._controls, self._metrics = fps, controls, metrics
         chunk_frames = chunk_num_frames(1, chunk_latent_frames)
         self.pacer = Pacer(
-            fps, max_frames=2 * chunk_frames + 4, on_emit=self._on_emit, history_frames=TIMELINE_CHUNKS * chunk_frames
+            fps,
+            max_frames=2 * chunk_frames + 4,
+            on_emit=self._on_emit,
+            history_frames=TIMELINE_CHUNKS * chunk_frames,
+            start_frames=start_frames(chunk_latent_frames),
         )
         self.fanout = VideoFanout(self.pacer, fps)  # encode once for the driver and every spectator
         self.recording: SessionRecording | None = None

@@ -156,6 +156,32 @@ async def test_nothing_before_first_frame_then_anchor_on_arrival() -> None:
     assert p.started and p.next_due_s == pytest.approx(107.0 + DT) and p.reanchors == 0
 
 
+async def test_a_start_of_start_frames_waits_for_them_then_plays_without_a_repeat() -> None:
+    clock = FakeClock()
+    p = make(clock, start_frames=5, start_wait_s=1.0)
+    p.push(chunk(0, n=1), chunk_index=0, first_frame_index=0)  # a first chunk of one frame
+    waiter = asyncio.create_task(p.wait_next())
+    while clock.t < 100.3:  # the second chunk computes for 0.3 s; the start waits for it
+        await asyncio.sleep(0)
+        assert not waiter.done()
+    p.push(chunk(1, n=4), chunk_index=1, first_frame_index=1)
+    first = await asyncio.wait_for(waiter, 1.0)
+    out = [first, *await pull(p, 4)]
+    assert [f.frame_index for f in out] == [0, 1, 2, 3, 4] and p.repeated == 0
+    assert 100.3 <= first.due_s < 100.3 + 0.01  # anchored when it went out, within one poll of the push
+
+
+async def test_a_start_waits_at_most_start_wait_s() -> None:
+    clock = FakeClock()
+    p = make(clock, start_frames=5, start_wait_s=0.5)
+    p.push(chunk(0, n=1), chunk_index=0, first_frame_index=0)
+    first = await p.wait_next()  # nothing else comes: the lone frame goes out after the wait
+    assert first.frame_index == 0 and 100.5 <= first.emit_s < 100.51
+    assert (await p.wait_next()).repeated  # from then on the clock runs as ever
+    with pytest.raises(ValueError, match="start_frames"):
+        make(clock, start_frames=21)  # more than the queue holds
+
+
 async def test_on_emit_reports_generated_frames_only() -> None:
     clock = FakeClock()
     emitted: list[tuple[int, int, float]] = []

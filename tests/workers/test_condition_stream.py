@@ -1,6 +1,7 @@
 """The image-condition stream's fixed point: once the encoder's caches hold nothing but black frames,
 every later condition is the previous one; the stream stops encoding and lets its caches go, and
-every condition equals what encoding each chunk would give."""
+every condition equals what encoding each chunk would give. Before it, on the CPU, the encoder's
+layers whose inputs repeat are skipped, and that changes no bit either."""
 
 from __future__ import annotations
 
@@ -45,10 +46,14 @@ def test_the_fixed_point_is_exact_and_lets_the_caches_go() -> None:
         stream = ImageConditionStream(vae, image, TINY, chunk)
         got = []
         reached = None
+        skipped = 0
         for k in range(CHUNKS):
             got.append(stream.next_chunk())
+            if stream.state is not None and stream.state.encoder_memo is not None:
+                skipped = stream.state.encoder_memo.hits
             if stream.fixed_point and reached is None:
                 reached = k
     assert all(torch.equal(a, b) for a, b in zip(got, reference, strict=True))
+    assert skipped > 0, "no encoder layer was skipped before the fixed point"
     assert reached is not None and reached < CHUNKS - 1, "the stream never reached its fixed point"
     assert stream.state is None  # the encoder's caches and their snapshot are released

@@ -31,6 +31,7 @@ band keeps causal caches of its own (`VAEStreamState.encoder_band_caches`, `deco
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workers.models.presets import VAEConfig
+from workers.models.repeat_memo import RepeatMemo
 from workers.models.vae_bands import RowKind, RowStep, max_bands, plan_bands
 from workers.parallel.halo import SpatialShard, split_rows
 
@@ -407,19 +409,40 @@ class Resample(nn.Module):
         return x
 
 
+def _run_layer(layer: nn.Module, x: torch.Tensor, cache: CacheList, shard: SpatialShard | None) -> torch.Tensor:
+    if isinstance(layer, CausalConv3d):
+        return _cached_conv(layer, x, cache, shard)
+    if isinstance(layer, (ResidualBlock, Resample)):
+        out: torch.Tensor = layer(x, cache, shard)
+        return out
+    if isinstance(layer, AttentionBlock):
+        return layer(x, shard)
+    out = layer(x)
+    return out
+
+
 def _run_sequence(
-    layers: Iterable[nn.Module], x: torch.Tensor, cache: CacheList, shard: SpatialShard | None = None
+    layers: Iterable[nn.Module],
+    x: torch.Tensor,
+    cache: CacheList,
+    shard: SpatialShard | None = None,
+    memo: RepeatMemo | None = None,
 ) -> torch.Tensor:
     for layer in layers:
-        if isinstance(layer, CausalConv3d):
-            x = _cached_conv(layer, x, cache, shard)
-        elif isinstance(layer, (ResidualBlock, Resample)):
-            x = layer(x, cache, shard)
-        elif isinstance(layer, AttentionBlock):
-            x = layer(x, shard)
+        slots = [cache[slot] for slot in _cache_slots(layer)] if memo is not None else []
+        history = [h for h in slots if isinstance(h, torch.Tensor)]
+        if memo is not None and len(history) == len(slots):
+            # Same input and same cached frames: the same output, and the same tails left in the
+            # caches (workers/models/repeat_memo.py).
+            x = memo.run(id(layer), (x, *history), functools.partial(_run_layer, layer, x, cache, shard))
         else:
-            x = layer(x)
+            x = _run_layer(layer, x, cache, shard)
     return x
+
+
+def _cache_slots(layer: nn.Module) -> list[int]:
+    """The stream-cache slots `layer` reads and writes (its causal convs')."""
+    return [_slot_of(m) for m in layer.modules() if isinstance(m, CausalConv3d) and _is_cached_conv(m)]
 
 
 def _row_step(layer: nn.Module) -> RowStep:
@@ -489,15 +512,20 @@ class Encoder3d(nn.Module):
         cut = resamples[1] + 1 if len(resamples) > 1 else len(layers)
         return [self.conv1, *layers[:cut]], layers[cut:]
 
-    def forward(self, x: torch.Tensor, cache: CacheList, band_caches: list[CacheList] | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cache: CacheList,
+        band_caches: list[CacheList] | None = None,
+        memo: RepeatMemo | None = None,
+    ) -> torch.Tensor:
         if band_caches:
             banded, rest = self.banded_layers
-            x = _run_sequence(rest, _run_banded(banded, x, band_caches), cache)
+            x = _run_sequence(rest, _run_banded(banded, x, band_caches), cache, memo=memo)
         else:
-            x = _cached_conv(self.conv1, x, cache)
-            x = _run_sequence(self.downsamples, x, cache)
-        x = _run_sequence(self.middle, x, cache)
-        return _run_sequence(self.head, x, cache)
+            x = _run_sequence([self.conv1, *self.downsamples], x, cache, memo=memo)
+        x = _run_sequence(self.middle, x, cache, memo=memo)
+        return _run_sequence(self.head, x, cache, memo=memo)
 
 
 class Decoder3d(nn.Module):
@@ -575,6 +603,8 @@ class VAEStreamState:
     num_encoder_slots: int
     num_decoder_slots: int
     bands: int = 1  # height bands of the full-resolution layers (WanVAE.bands), fixed for the stream
+    # Skip encoder layers whose inputs repeat the previous call's (workers/models/repeat_memo.py).
+    skip_repeats: bool = False
     encoder_cache: CacheList = field(init=False)
     decoder_cache: CacheList = field(init=False)
     # Per band, the caches of the banded layers (empty unless bands > 1); the unbanded layers use the above.
@@ -585,6 +615,7 @@ class VAEStreamState:
     latents_decoded: int = field(init=False, default=0)  # latent frames consumed by decode_stream
     frames_decoded: int = field(init=False, default=0)  # video frames produced by decode_stream
     encoder_geometry: tuple[int, int, int] | None = field(init=False, default=None)
+    encoder_memo: RepeatMemo | None = field(init=False, default=None)  # with skip_repeats
     # Of the latents this process decodes: under a shard, its band (b, h / world_size, w).
     decoder_geometry: tuple[int, int, int] | None = field(init=False, default=None)
     # (rank, world_size) of the shard the decode stream runs under; (0, 1) when unsharded.
@@ -603,6 +634,7 @@ class VAEStreamState:
         self.frames_encoded = 0
         self.latents_encoded = 0
         self.encoder_geometry = None
+        self.encoder_memo = RepeatMemo() if self.skip_repeats else None
 
     def reset_decoder(self) -> None:
         self.decoder_cache = [None] * self.num_decoder_slots
@@ -650,8 +682,10 @@ class WanVAE(nn.Module):
 
     # ----------------------------------------------------------------------------- state / helpers
 
-    def new_stream_state(self) -> VAEStreamState:
-        return VAEStreamState(self.encoder.num_cache_slots, self.decoder.num_cache_slots, self.bands)
+    def new_stream_state(self, skip_repeats: bool = False) -> VAEStreamState:
+        """A fresh stream; `skip_repeats`: encoder layers whose inputs repeat return their last output
+        instead of running again (exact; workers/models/repeat_memo.py)."""
+        return VAEStreamState(self.encoder.num_cache_slots, self.decoder.num_cache_slots, self.bands, skip_repeats)
 
     def max_bands(self, height_px: int) -> int:
         """The most height bands frames of `height_px` rows allow, in both directions."""
@@ -739,7 +773,7 @@ class WanVAE(nn.Module):
         mean, std = self.latent_stats(video.device)
         latents = []
         for lo, hi in bounds:
-            feats = self.encoder(x[:, :, lo:hi], state.encoder_cache, state.encoder_band_caches)
+            feats = self.encoder(x[:, :, lo:hi], state.encoder_cache, state.encoder_band_caches, state.encoder_memo)
             # conv1 is 1x1x1 so it could run once on the whole chunk; running it per group keeps
             # kernel shapes independent of how the caller split the stream (bit-exact chunking).
             mu = self.conv1(feats)[:, : self.z_dim]  # the log-variance half is unused

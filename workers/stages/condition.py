@@ -5,6 +5,10 @@ The image condition follows Wan image-to-video: the VAE encodes the start image 
 frames, and a 4-channel mask marks latent frame 0 as given. Streaming, chunk 0 encodes the image
 plus 4C−4 black frames and every later chunk 4C black frames, carrying the VAE's causal caches.
 
+Before that, on the CPU, each encoder layer whose input and cached frames repeat the previous
+chunk's returns its previous output without running (workers/models/repeat_memo.py): the
+full-resolution layers settle within a few chunks, so the warm-up costs a fraction of a full encode.
+
 Once the encoder's caches hold nothing but black frames, every later chunk's condition is the same
 tensor; the stream detects that fixed point (cache and output bitwise equal to the previous
 chunk's) and stops running the encoder, which is exact and saves most of this stage's compute.
@@ -42,7 +46,11 @@ class ImageConditionStream:
         self.vae = vae
         self.image = image  # [3, H, W] in [-1, 1]
         self.chunk = chunk_latent_frames
-        self.state: VAEStreamState | None = vae.new_stream_state()
+        # On the CPU the warm-up (all of the encoder until its last layer settles, about 26 latent
+        # frames) competes with the live stages for cores: skip the layers that already repeat. A
+        # GPU has the compute to spare and not the memory for each layer's last input.
+        on_cpu = next(vae.parameters()).device.type == "cpu"
+        self.state: VAEStreamState | None = vae.new_stream_state(skip_repeats=on_cpu)
         self.chunk_index = 0
         self._mask_channels = preset.vae.temporal_stride
         self._last: torch.Tensor | None = None

@@ -134,3 +134,10 @@ async def test_a_rewind_discards_the_queued_future_and_goes_on_from_the_snapshot
     msg = line.push(part(1, 12))
     assert msg is not None and msg.first_frame == 12 and msg.parts == [(12, 0, 12)]  # no stale part of chunk 1
     await line.close()
+
+
+def test_a_stream_whose_first_chunk_is_the_start_image_alone_starts_with_two_chunks() -> None:
+    # One-latent chunks: 1 frame, then 4; longer chunks' first chunk (5, 9, 13 frames) starts at once.
+    assert [media_line.start_frames(c) for c in (1, 2, 3, 4)] == [5, 1, 1, 1]
+    controls = ControlSource(DispatchConfig(DispatchPolicy.JIT, FPS, 1), on_taken=lambda *_: None)
+    assert MediaLine(FPS, 1, controls, Metrics(), 0).pacer.start_frames == 5
