@@ -188,7 +188,8 @@ class DiTBlock(nn.Module):
 
         Computed inside each forward rather than kept for the chunk: keeping every block's pair
         costs 2 · num_layers float32 activations (about 10 GB per rank for the 14B model at
-        480 × 832), recomputing costs four dim × dim linears per block."""
+        480 × 832), recomputing costs four dim × dim linears per block. Small models keep them
+        (`CAMERA_MODULATION_KEEP_BYTES`, `WanDiT.chunk_camera`)."""
         hidden = (
             weight_dtype_linear(self.cam_injector_layer2, F.silu(weight_dtype_linear(self.cam_injector_layer1, cam)))
             + cam
@@ -202,7 +203,7 @@ class DiTBlock(nn.Module):
         e: torch.Tensor,  # [B, F, 6, dim] float32
         rope: tuple[torch.Tensor, torch.Tensor],
         text_kv: tuple[torch.Tensor, torch.Tensor],
-        cam: torch.Tensor | None,  # the chunk's camera embedding [B, F, S, dim]
+        cam: torch.Tensor | CameraModulation | None,  # the chunk's camera embedding, or this block's modulation
         cache: LayerKVCache | None,
         commit: bool,
         attn_mask: torch.Tensor | None,
@@ -228,14 +229,14 @@ class DiTBlock(nn.Module):
         x: torch.Tensor,
         y: torch.Tensor,
         mod: torch.Tensor,
-        cam: torch.Tensor | None,
+        cam: torch.Tensor | CameraModulation | None,
         text_kv: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
         """Self-attention output into the residual, camera modulation, cross-attention and FFN."""
         shape = x.shape
         x = x + weight_dtype_linear(self.self_attn.o, y).float() * mod[:, :, 2:3]
         if cam is not None:
-            scale, shift = self.camera_modulation(cam)
+            scale, shift = cam if isinstance(cam, tuple) else self.camera_modulation(cam)
             x = (1.0 + scale) * x + shift
         y = self.cross_attn(self.norm3(x).flatten(1, 2), text_kv).view(shape)
         x = x + y.float()
@@ -262,12 +263,25 @@ class Head(nn.Module):
         return weight_dtype_linear(self.head, self.norm(x) * (1 + scale) + shift).float()
 
 
+# A chunk's per-block camera modulations are kept for its forwards when they take at most this many
+# bytes (small models: 0.4 MiB for gridworld's one-latent chunk, where recomputing them in each of
+# the chunk's forwards was a tenth of its DiT time); larger ones are recomputed per forward.
+CAMERA_MODULATION_KEEP_BYTES = 64 << 20
+
+CameraModulation = tuple[torch.Tensor, torch.Tensor]  # (scale, shift), float32 [B, F, S, dim] each
+
+
 @dataclass(frozen=True)
 class ChunkCamera:
     """A chunk's camera embedding [B, F, S, dim], computed once and shared by its forwards; each
-    block derives its own modulation from it (`DiTBlock.camera_modulation`)."""
+    block derives its own modulation from it (`DiTBlock.camera_modulation`), or, for a small model
+    at inference, reads the one `WanDiT.chunk_camera` computed for it (`per_block`)."""
 
     hidden: torch.Tensor
+    per_block: tuple[CameraModulation, ...] = ()
+
+    def for_block(self, i: int) -> torch.Tensor | CameraModulation:
+        return self.per_block[i] if self.per_block else self.hidden
 
 
 class WanDiT(nn.Module):
@@ -325,7 +339,11 @@ class WanDiT(nn.Module):
         cam = cam + weight_dtype_linear(
             self.c2ws_hidden_states_layer2, F.silu(weight_dtype_linear(self.c2ws_hidden_states_layer1, cam))
         )
-        return ChunkCamera(cam)
+        # Kept: the same values each forward would compute from the same `cam` (bit for bit).
+        kept_bytes = 2 * len(self.blocks) * cam.numel() * 4
+        if torch.is_grad_enabled() or kept_bytes > CAMERA_MODULATION_KEEP_BYTES:
+            return ChunkCamera(cam)
+        return ChunkCamera(cam, tuple(block.camera_modulation(cam) for block in self.block_list))
 
     # ---- forward ----
 
@@ -384,7 +402,7 @@ class WanDiT(nn.Module):
                 e0,
                 cos_sin,
                 text_kv[i],
-                None if camera is None else camera.hidden,
+                None if camera is None else camera.for_block(i),
                 None if kv_cache is None else kv_cache.layers[i],
                 commit,
                 mask,

@@ -1,4 +1,5 @@
-"""Kernel choices: attention backends agree, compiled and eager agree, settings fail early."""
+"""Kernel choices: attention backends agree, compiled and eager agree, settings fail early; a small
+model's camera modulation kept for its chunk gives the same bits as recomputing it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 
 from benchmarks.kernels import Variant, run
 from server.common.settings import Settings
+from workers.models import dit as dit_module
 from workers.models.attention import fa3_installed
 from workers.models.attention_backend import AttentionBackend
 from workers.models.components import load_dit
@@ -106,3 +108,10 @@ def test_compiled_and_eager_gridworld_agree_and_sessions_reuse_the_graphs() -> N
         assert torch.isfinite(out).all()
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs[0] > 0 and graphs[1] == graphs[0], graphs
+
+
+@pytest.mark.heavy
+def test_a_small_models_kept_camera_modulation_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    kept = _latents(AttentionBackend.AUTO)  # the tiny model's modulations are kept for its chunks
+    monkeypatch.setattr(dit_module, "CAMERA_MODULATION_KEEP_BYTES", 0)  # recomputed in every forward
+    assert torch.equal(_latents(AttentionBackend.AUTO), kept)
