@@ -1,7 +1,7 @@
-"""Snapshots through the real server and real aiortc peers, on the embedded gridworld model: a branch
-from a snapshot, fed the same controls, generates the original's frames bit for bit (the recordings'
-chunk digests, computed from the frames as generated), a rewind in place does too, and only the
-session's line may use its snapshots."""
+"""Snapshots through the real server and real aiortc peers, on the embedded gridworld model and on
+its one-latent-chunk sibling: a branch from a snapshot, fed the same controls, generates the
+original's frames bit for bit (the recordings' chunk digests, computed from the frames as
+generated), a rewind in place does too, and only the session's line may use its snapshots."""
 
 from __future__ import annotations
 
@@ -26,11 +26,12 @@ pytestmark = pytest.mark.processes
 WAIT_S = 90.0
 
 
-@pytest.fixture(scope="module")
-def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@pytest.fixture(scope="module", params=["gridworld", "gridworld-responsive"])
+def server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    """(the server's URL, its model)."""
     log: Path = tmp_path_factory.mktemp("snapshots") / "server.log"
-    with local_server(["--model", "gridworld", "--max-sessions", "3"], log) as srv:
-        yield srv.url
+    with local_server(["--model", request.param, "--max-sessions", "3"], log) as srv:
+        yield srv.url, request.param
 
 
 async def digests(client: Session, upto: int) -> dict[int, str]:
@@ -51,9 +52,10 @@ async def digests(client: Session, upto: int) -> dict[int, str]:
 
 
 @pytest.mark.long
-async def test_branch_and_rewind_regenerate_the_same_frames(server_url: str, tmp_path: Path) -> None:
+async def test_branch_and_rewind_regenerate_the_same_frames(server: tuple[str, str], tmp_path: Path) -> None:
+    server_url, model = server
     # Traced before any session: seconds of CPU that would starve this process's peers of their RTCP.
-    planned = plan_memory(get_preset("gridworld"), PLACEMENTS["cpu"], 1, machine_capacity()).snapshot_bytes
+    planned = plan_memory(get_preset(model), PLACEMENTS["cpu"], 1, machine_capacity()).snapshot_bytes
     driver = Session(server_url)
     branch: Session | None = None
     http = httpx.AsyncClient(base_url=server_url, timeout=30)
@@ -64,8 +66,8 @@ async def test_branch_and_rewind_regenerate_the_same_frames(server_url: str, tmp
         saved = await driver.save()
         b = saved["chunk_index"]
         assert b >= 2 and saved["where"] == "memory" and saved["parent"] is None
-        assert saved["model"] == "gridworld" and saved["placement"] == "cpu" and saved["intra_op_threads"] == 1
-        assert saved["weights"].startswith("sha256:"), saved["weights"]  # the shipped gridworld weights
+        assert saved["model"] == model and saved["placement"] == "cpu" and saved["intra_op_threads"] == 1
+        assert saved["weights"].startswith("sha256:"), saved["weights"]  # the shipped weights
         # The bytes the memory plan gives one snapshot, within 10 % (the first chunks: the encoder's caches in it).
         assert abs(saved["bytes"] - planned) <= 0.1 * planned, (saved["bytes"], planned)
         original = await digests(driver, b + 3)
