@@ -64,6 +64,9 @@ __all__ = [
 ]
 
 CACHE_T = 2  # frames of history a 3-tap causal temporal conv needs
+# What an encode stream with `skip_repeats` may keep of its layers' last calls (RepeatMemo): all of
+# gridworld's encoder at 128×128, the first few full-resolution layers of a 480p one.
+SKIP_REPEATS_MAX_BYTES = 64 * 2**20
 
 
 class _FirstCall:
@@ -644,7 +647,7 @@ class VAEStreamState:
         self.frames_encoded = 0
         self.latents_encoded = 0
         self.encoder_geometry = None
-        self.encoder_memo = RepeatMemo() if self.skip_repeats else None
+        self.encoder_memo = RepeatMemo(SKIP_REPEATS_MAX_BYTES) if self.skip_repeats else None
 
     def reset_decoder(self) -> None:
         self.decoder_cache = [None] * self.num_decoder_slots
@@ -658,9 +661,13 @@ class VAEStreamState:
         return [[None] * slots for _ in range(self.bands)] if self.bands > 1 else []
 
     def cache_tensors(self, direction: str) -> list[torch.Tensor]:
-        """Every cached tensor of one direction ("encoder" or "decoder"), bands included."""
+        """Every tensor one direction ("encoder" or "decoder") keeps between calls: its caches, bands
+        included, and an encoder's `skip_repeats` memo, each tensor once."""
         lists = [getattr(self, f"{direction}_cache"), *getattr(self, f"{direction}_band_caches")]
-        return [c for cache in lists for c in cache if isinstance(c, torch.Tensor)]
+        kept = [c for cache in lists for c in cache if isinstance(c, torch.Tensor)]
+        if direction == "encoder" and self.encoder_memo is not None:
+            kept += self.encoder_memo.kept()
+        return list({id(t): t for t in kept}.values())
 
 
 class WanVAE(nn.Module):

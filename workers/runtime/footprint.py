@@ -250,7 +250,7 @@ def vae_footprints(
     vae.convolve_in_float32(host)
     weights = _module_bytes(vae)
     chunk, (h, w) = preset.chunk_latent_frames, (preset.height_px, preset.width_px)
-    state = vae.new_stream_state()
+    state = vae.new_stream_state(skip_repeats=host)  # as ImageConditionStream runs it on the host
     # One trace over the whole stream, so that a call's replacing of the previous call's caches is
     # seen as the free it is; each call's peak is taken above what it leaves behind (the caches,
     # counted as session state).
