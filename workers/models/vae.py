@@ -478,7 +478,9 @@ def _run_banded(layers: list[nn.Module], x: torch.Tensor, band_caches: list[Cach
     kept = []
     for band, cache in zip(bands, band_caches, strict=True):
         out = _run_sequence(layers, x[..., band.in_lo : band.in_hi, :], cache)
-        kept.append(out[..., band.keep_lo : band.keep_hi, :].contiguous())  # a copy: the halo rows go now
+        # A copy (the halo rows go now) in the band's own layout: channels-last from a CPU conv, so
+        # the layers after see the layout, and so compute the bits, that one pass would give them.
+        kept.append(out[..., band.keep_lo : band.keep_hi, :].clone(memory_format=torch.preserve_format))
         del out
     return torch.cat(kept, dim=-2)
 
@@ -661,13 +663,15 @@ class VAEStreamState:
         return [[None] * slots for _ in range(self.bands)] if self.bands > 1 else []
 
     def cache_tensors(self, direction: str) -> list[torch.Tensor]:
-        """Every tensor one direction ("encoder" or "decoder") keeps between calls: its caches, bands
-        included, and an encoder's `skip_repeats` memo, each tensor once."""
+        """Every cached tensor of one direction ("encoder" or "decoder"), bands included."""
         lists = [getattr(self, f"{direction}_cache"), *getattr(self, f"{direction}_band_caches")]
-        kept = [c for cache in lists for c in cache if isinstance(c, torch.Tensor)]
-        if direction == "encoder" and self.encoder_memo is not None:
-            kept += self.encoder_memo.kept()
-        return list({id(t): t for t in kept}.values())
+        return [c for cache in lists for c in cache if isinstance(c, torch.Tensor)]
+
+    def memo_tensors(self) -> list[torch.Tensor]:
+        """What the encoder's `skip_repeats` memo keeps beyond the caches (a snapshot does not copy it)."""
+        cached = {id(t) for t in self.cache_tensors("encoder")}
+        kept = [] if self.encoder_memo is None else self.encoder_memo.kept()
+        return [t for t in kept if id(t) not in cached]
 
 
 class WanVAE(nn.Module):

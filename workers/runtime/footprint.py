@@ -61,8 +61,10 @@ REAL_TRACE_MAX_BYTES = 256 * 2**20
 @dataclass(frozen=True)
 class Footprint:
     weights_bytes: int
-    session_bytes: int  # kept per open session between chunks
+    session_bytes: int  # kept per open session between chunks, and copied by its snapshots
     peak_bytes: int  # allocated on top while one chunk (or one prompt) runs
+    # Kept per open session too, not in its snapshots (the encode's repeat memo).
+    memo_bytes: int = dataclasses.field(default=0, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -267,11 +269,12 @@ def vae_footprints(
     with torch.no_grad(), run:
         enc_peak = max(transient(encode, first) for first in (True, False))
         enc_state = _cache_bytes(state.cache_tensors("encoder"))
+        enc_memo = _cache_bytes(state.memo_tensors())
         latent = torch.zeros(1, preset.vae.z_dim, 1, preset.latent_height, preset.latent_width, device=dev)
         # The first latent frame, then the steady ones (cache full).
         dec_peak = max(transient(lambda: vae.decode_stream(latent, state)) for _ in range(3))
         dec_state = _cache_bytes(state.cache_tensors("decoder"))
-    return Footprint(weights, enc_state, enc_peak), Footprint(weights, dec_state, dec_peak)
+    return Footprint(weights, enc_state, enc_peak, memo_bytes=enc_memo), Footprint(weights, dec_state, dec_peak)
 
 
 @functools.cache

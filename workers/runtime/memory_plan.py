@@ -198,8 +198,9 @@ def plan_memory(
 
     # Encode: the VAE and the context encoder (umT5 or CLIP); per session the encoder caches plus the
     # condition stream's snapshot of them and its last condition (how it detects its fixed point,
-    # workers/stages/condition.py). Counted as a session starts: at the fixed point, some chunks in,
-    # the caches and snapshot go and only the condition stays.
+    # workers/stages/condition.py), and on the host its repeat memo (not in a session's snapshots).
+    # Counted as a session starts: at the fixed point, some chunks in, the caches, snapshot and memo
+    # go and only the condition stays.
     dev = stage_devices[Stage.ENCODE][0]
     prec = Precision.for_device(torch.device(dev), savings)
     enc, _ = vae_footprints(preset, prec.vae, savings.vae_bands, dev == HOST)
@@ -209,8 +210,9 @@ def plan_memory(
     context_bytes = _nbytes(family.context_shape(preset), prec.context)
     slot_bytes = slots * (cond_bytes + context_bytes)
     encode_slots = Line(f"output slots: {slots} conditions + {slots} contexts", slot_bytes, dev == HOST)
-    encode_session = 2 * enc.session_bytes + cond_bytes + image_bytes
-    snapshot = encode_session
+    snapshot = 2 * enc.session_bytes + cond_bytes + image_bytes
+    encode_session = snapshot + enc.memo_bytes
+    memo = "repeat memo, " if enc.memo_bytes else ""
     bands = "" if savings.vae_bands == 1 else f", {savings.vae_bands} bands"
     context_weights = Line(f"{family.context_name} weights ({_dtype_name(prec.context)})", ctx.weights_bytes)
     # A chunk's encode and a prompt's encoding take turns on the worker: the larger of the two.
@@ -228,7 +230,7 @@ def plan_memory(
                 *_runtime(Stage.ENCODE, dev),
                 Line(f"VAE weights ({_dtype_name(prec.vae)})", enc.weights_bytes),
                 *((context_weights,) if context_here else ()),
-                Line(f"VAE encoder caches, their copy, condition, image × {n}", n * encode_session),
+                Line(f"VAE encoder caches, their copy, {memo}condition, image × {n}", n * encode_session),
                 activations,
                 encode_slots,
             ),
