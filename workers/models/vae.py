@@ -35,7 +35,7 @@ import functools
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -426,12 +426,10 @@ def _run_layer(layer: nn.Module, x: torch.Tensor, cache: CacheList, shard: Spati
     if isinstance(layer, CausalConv3d):
         return _cached_conv(layer, x, cache, shard)
     if isinstance(layer, (ResidualBlock, Resample)):
-        out: torch.Tensor = layer(x, cache, shard)
-        return out
+        return cast(torch.Tensor, layer(x, cache, shard))
     if isinstance(layer, AttentionBlock):
         return layer(x, shard)
-    out = layer(x)
-    return out
+    return cast(torch.Tensor, layer(x))
 
 
 def _run_sequence(
@@ -442,15 +440,18 @@ def _run_sequence(
     memo: RepeatMemo | None = None,
 ) -> torch.Tensor:
     for layer in layers:
-        slots = [cache[slot] for slot in _cache_slots(layer)] if memo is not None else []
-        history = [h for h in slots if isinstance(h, torch.Tensor)]
-        if memo is not None and len(history) == len(slots):
-            # Same input and same cached frames: the same output, and the same tails left in the
-            # caches (workers/models/repeat_memo.py).
-            x = memo.run(id(layer), (x, *history), functools.partial(_run_layer, layer, x, cache, shard))
-        else:
-            x = _run_layer(layer, x, cache, shard)
+        run = functools.partial(_run_layer, layer, x, cache, shard)
+        history = None if memo is None else _history(layer, cache)
+        # Same input and same cached frames: the same output, and the same tails left in the caches
+        # (workers/models/repeat_memo.py).
+        x = run() if memo is None or history is None else memo.run(id(layer), (x, *history), run)
     return x
+
+
+def _history(layer: nn.Module, cache: CacheList) -> list[torch.Tensor] | None:
+    """The cached frames `layer` reads; None while any of its caches holds none yet."""
+    frames = [cache[slot] for slot in _cache_slots(layer)]
+    return None if any(not isinstance(f, torch.Tensor) for f in frames) else cast(list[torch.Tensor], frames)
 
 
 def _cache_slots(layer: nn.Module) -> list[int]:
