@@ -37,6 +37,12 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m server") ->
         "--synthetic-state-mib", type=float, help="synthetic model: state each session's DiT keeps (default 0)"
     )
     p.add_argument("--dispatch", choices=[d.value for d in DispatchPolicy], help="when chunks start (default jit)")
+    p.add_argument(
+        "--dispatch-margin-ms",
+        type=float,
+        metavar="MS",
+        help="jit: slack between a chunk's predicted arrival and when the viewer needs it (default 100)",
+    )
     p.add_argument("--placement", help="placement preset or .json (default cpu)")
     p.add_argument(
         "--checkpoint-dir",

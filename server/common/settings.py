@@ -86,6 +86,9 @@ class Settings(BaseSettings):
     host_memory_gib: float | None = Field(default=None, gt=0)
     fps: int | None = Field(default=None, ge=1, le=60)  # video frame rate; None: the model's
     dispatch: DispatchPolicy = DispatchPolicy.JIT  # when a viewer's next chunk starts (server/wire/dispatch.py)
+    # JIT's slack between a chunk's predicted arrival and the moment the pacer needs it: each ms of it
+    # is a ms of glass-to-glass latency; too little and a late chunk makes the pacer repeat frames.
+    dispatch_margin_ms: float = Field(default=100.0, ge=0, le=2000)
     api_token: str | None = None
     # Browser origins (scheme://host:port) other than the server's own that may call the API; empty: none.
     cors_origins: list[str] = Field(default_factory=list)

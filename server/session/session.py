@@ -115,7 +115,8 @@ class ServerSession:
         self.ended: EndReason | None = None
         self.first_frame_s: float | None = None
         self._recordings, self._weights_digest = recordings, weights_digest
-        config = DispatchConfig(dispatch or settings.dispatch, spec.fps, spec.chunk_latent_frames)
+        policy = dispatch or settings.dispatch
+        config = DispatchConfig(policy, spec.fps, spec.chunk_latent_frames, settings.dispatch_margin_ms / 1000)
         self.controls = ControlSource(
             config, on_taken=lambda i, control, reset: self.line.control_taken(i, control, reset)
         )

@@ -11,7 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
+from pydantic import ValidationError
 
+from server.__main__ import parse_args
+from server.common.settings import Settings
 from server.wire.dispatch import (
     Blocked,
     DispatchConfig,
@@ -254,3 +257,11 @@ def test_config_is_validated() -> None:
         DispatchConfig(DispatchPolicy.JIT, FPS, C, margin_s=-1)
     with pytest.raises(ValueError, match="max_chunks_in_flight"):
         DispatchConfig(DispatchPolicy.JIT, FPS, C, max_chunks_in_flight=0)
+
+
+def test_the_jit_margin_is_a_server_setting_in_milliseconds() -> None:
+    overrides = parse_args(["gridworld", "--dispatch-margin-ms", "40"])
+    settings = Settings(**{k: v for k, v in overrides.items() if not k.startswith("_")})
+    assert settings.dispatch_margin_ms == 40 and Settings().dispatch_margin_ms == MARGIN_S * 1000
+    with pytest.raises(ValidationError):
+        Settings(dispatch_margin_ms=-1)
