@@ -77,6 +77,14 @@ class ChunkDenoiser(Protocol):
         """cond [1, 20, C, h, w] and the chunk's inputs, on the device -> clean latents [1, 16, C, h, w]."""
         ...
 
+    def sample_chunk(self, cond: torch.Tensor, inputs: Any) -> torch.Tensor:
+        """`run_chunk` up to the clean latents; `commit_chunk` (before the next chunk) does the rest."""
+        ...
+
+    def commit_chunk(self) -> None:
+        """Write the sampled chunk to the caches (its t = 0 forward)."""
+        ...
+
     def change_prompt(self, context: torch.Tensor, text: str, transition_chunks: int) -> None:
         """Read `context` (copied) from the next chunk on, reached over `transition_chunks` chunks."""
         ...

@@ -4,6 +4,10 @@ caches and context K/V) and control track.
 The control is folded in here rather than in the encode stage: a chunk's control is sampled only
 when the DiT is ready to start it, and turning it into model input (poses, action windows) is
 cheap, so the DiT never waits on another stage for it.
+
+A chunk's reply goes out as soon as its latents are sampled; its commit forward (the clean K/V for
+the session's next chunk) runs after it, before the worker reads its next command, and reports on
+its own (`ChunkCommitted`). The decode starts a forward earlier, and the DiT's time counts in full.
 """
 
 from __future__ import annotations
@@ -19,7 +23,15 @@ from workers.parallel.group import StageGroup
 from workers.parallel.ulysses import SequenceParallel
 from workers.runtime.channel import TensorRef
 from workers.runtime.handler import StageHandler
-from workers.runtime.messages import Command, DenoiseChunk, OpenSession, Reply, SessionOpened
+from workers.runtime.messages import (
+    ChunkCommitted,
+    Command,
+    DenoiseChunk,
+    OpenSession,
+    Reply,
+    SessionOpened,
+    raised,
+)
 from workers.runtime.spec import WorkerSpec
 
 LATENT_ROW_DIM = 3  # [1, 16, C, h, w]: decode ranks take bands of latent rows
@@ -61,7 +73,8 @@ class DitHandler(StageHandler):
         elif isinstance(msg, DenoiseChunk):
             session: DitSession = self.sessions[msg.session_id]
             self.check_fault(msg.chunk_index)
-            cond = self.take(msg.cond)
+            # A copy: the reply hands the slot back before the commit forward reads it again.
+            cond = self.take(msg.cond).clone()
             read: tuple[TensorRef, ...] = (msg.cond,)
             if msg.prompt is not None:  # from this chunk on (the denoise session copies the context)
                 change = msg.prompt
@@ -73,10 +86,25 @@ class DitHandler(StageHandler):
                 inputs = session.control.next_inputs(msg.control, session.denoise.chunk)
                 # The chunk's one host-to-device copy: F 4 × 4 poses (the rays are built on the device),
                 # or the action windows.
-                latents = session.denoise.run_chunk(cond, inputs.to(self.device))
+                latents = session.denoise.sample_chunk(cond, inputs.to(self.device))
             out = self.publish(latents, shard_dim=LATENT_ROW_DIM, num_shards=self.spec.output_shards)
             described = self.family.describe_inputs(inputs) if rank == 0 else None
             receipt = session.denoise.prompt_receipt() if rank == 0 else None
             yield self.chunk_done(msg, timer.busy_s, out, read, model_input=described, prompt=receipt)
+            yield self._commit(msg, session)
         else:
             raise TypeError(f"DiT stage cannot handle {type(msg).__name__}")
+
+    def _commit(self, msg: DenoiseChunk, session: DitSession) -> ChunkCommitted:
+        stage, rank = self.spec.stage, self.spec.rank
+        chunk = (stage, rank, msg.session_id, msg.epoch, msg.chunk_index)
+        try:
+            with self.timed() as timer:
+                session.denoise.commit_chunk()
+        except Exception as exc:
+            if self.group.is_multi_rank:
+                raise  # its peers may be mid-collective: the worker fails fatally (workers/runtime/worker.py)
+            # The caches may hold part of the chunk: the session cannot go on, and its chunk was answered.
+            self.drop_session(msg.session_id)
+            return ChunkCommitted(*chunk, 0.0, raised(stage, rank, exc))
+        return ChunkCommitted(*chunk, timer.busy_s)

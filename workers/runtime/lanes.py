@@ -101,6 +101,13 @@ class Lane:
         history.append(now - assignment.sent_t)
         return assignment
 
+    def worked_after_answer(self, busy_s: float, now: float) -> None:
+        """The stage went on computing `busy_s` after answering (a DiT chunk's commit), until `now`:
+        busy time, and not idle time if nothing was assigned meanwhile."""
+        self.busy_s += busy_s
+        if self.idle_since is not None:
+            self.idle_since = max(self.idle_since, now)
+
     def times(self, now: float, open_: bool) -> dict[str, Any]:
         """Busy and idle seconds; idle time counts while sessions are open (`open_`), up to `now`."""
         idle = self.idle_s

@@ -258,6 +258,22 @@ class FramesReady:
 
 
 @dataclass(frozen=True)
+class ChunkCommitted:
+    """DiT: a chunk's commit forward, run after its ChunkDone (workers/stages/denoise.py), is done
+    (`busy_s` of compute) or failed (`error`: the session's caches are lost, so is the session).
+    Stage busy time counts it; nothing waits for it but the session's next chunk, which the worker
+    starts only after it."""
+
+    stage: Stage
+    rank: int
+    session_id: str
+    epoch: int
+    chunk_index: int
+    busy_s: float
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class SessionClosed:
     stage: Stage
     rank: int
@@ -303,6 +319,11 @@ class StageStats:
 RAISED = " raised "
 
 
+def raised(stage: Stage, rank: int, exc: BaseException) -> str:
+    """StageFailed.error (or ChunkCommitted.error) for an exception a stage's command raised."""
+    return f"{stage.value} stage (rank {rank}){RAISED}{type(exc).__name__}: {exc}"
+
+
 @dataclass(frozen=True)
 class StageFailed:
     """A command failed. `fatal`: the worker is exiting (its whole stage must be restarted)."""
@@ -320,6 +341,7 @@ Reply = (
     | PromptEncoded
     | FramesReady
     | ChunkDone
+    | ChunkCommitted
     | SessionClosed
     | SnapshotTaken
     | SnapshotKept

@@ -20,7 +20,9 @@ class StageTiming:
     ready_t: float | None = None  # input available for this stage
     dispatch_t: float | None = None
     done_t: float | None = None
-    busy_s: float = 0.0  # compute time inside the worker (rank 0's)
+    # Compute time inside the worker (rank 0's) until the stage answered: the DiT's commit forward
+    # comes after its answer and counts only in the stage's busy time (ChunkCommitted).
+    busy_s: float = 0.0
     rank_busy_s: tuple[float, ...] = ()  # every rank's compute time, by rank
 
     @property

@@ -60,6 +60,7 @@ from workers.runtime.ledger import acks_to_forward, slot_key
 from workers.runtime.messages import (
     STAGES,
     UPSTREAM,
+    ChunkCommitted,
     ChunkDone,
     CloseSession,
     Command,
@@ -231,6 +232,9 @@ class Scheduler:
             return self._flush()
         if isinstance(msg, FramesReady):
             self._on_frames(msg, now)  # ahead of the command's reply, which ends it
+            return self._flush()
+        if isinstance(msg, ChunkCommitted):
+            self._on_committed(stage, msg, now)  # after the command's reply
             return self._flush()
         lane = self.lanes[stage]
         assignment = lane.assignment
@@ -456,6 +460,15 @@ class Scheduler:
             session.last_part = msg
         else:
             self._deliver(session, msg, now, done=False)
+
+    def _on_committed(self, stage: Stage, msg: ChunkCommitted, now: float) -> None:
+        """A DiT chunk's commit forward, run after its reply: the stage's busy time (rank 0's, as for
+        chunks); a failed one ends the session, whose caches are gone."""
+        if msg.rank == 0:
+            self.lanes[stage].worked_after_answer(msg.busy_s, now)
+        session = self.sessions.get(msg.session_id)
+        if msg.error is not None and session is not None and session.spec.epoch == msg.epoch:
+            self._fail(session, msg.error)
 
     def _deliver(self, session: Session, part: FramesReady, now: float, done: bool) -> None:
         rec = session.record(part.chunk_index)

@@ -19,7 +19,7 @@ from workers.models.kernels import apply_to_process
 from workers.parallel.group import destroy_stage_group, init_stage_group
 from workers.runtime.channel import remove_segments
 from workers.runtime.handlers import build_handler
-from workers.runtime.messages import RAISED, Reply, Shutdown, StageFailed, WorkerReady
+from workers.runtime.messages import Reply, Shutdown, StageFailed, WorkerReady, raised
 from workers.runtime.parent_death import die_with_parent
 from workers.runtime.spec import WorkerSpec
 
@@ -70,8 +70,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
                 # A multi-rank stage may be mid-collective on its peers: it cannot continue safely.
                 fatal = spec.world_size > 1
                 handler.drop_session(session_id)
-                error = f"{spec.stage.value} stage (rank {spec.rank}){RAISED}{type(exc).__name__}: {exc}"
-                send(StageFailed(spec.stage, spec.rank, session_id, error, fatal=fatal))
+                send(StageFailed(spec.stage, spec.rank, session_id, raised(spec.stage, spec.rank, exc), fatal=fatal))
                 if fatal:
                     traceback.print_exc(file=sys.stderr)
                     os._exit(1)

@@ -10,6 +10,11 @@ tables, the sampler's timesteps and sigmas, the pixel ray directions, the commit
 chunk's inputs (the latent condition, which arrives over the tensor channel, and its control: F
 camera poses, or the action windows) are on the device before `run_chunk`, which then neither
 copies from the host nor reads a value back (tests/workers/models/test_hot_path.py holds it to that).
+
+A chunk is two steps: `sample_chunk` (the sampling forwards: the clean latents the decode waits
+for) and `commit_chunk` (the t = 0 forward that writes them to the caches, which only the session's
+next chunk reads). The DiT stage replies between the two, so the commit is off the path from a
+control to its frames; `run_chunk` does both. The order of work, hence every bit, is the same.
 """
 
 from __future__ import annotations
@@ -50,6 +55,10 @@ class SamplingLoop:
     and the chunk's order of work (draw the noise, sample at the preset's steps, then one t = 0
     forward on the clean chunk that commits it to the caches)."""
 
+    # The sampled chunk's commit forward until `commit_chunk` runs it: never across commands, so no
+    # snapshot holds one (a class default, so sessions saved before it existed restore too).
+    _commit: Callable[[], object] | None = None
+
     def __init__(self, preset: ModelPreset, device: torch.device, seed: int, chunk_latent_frames: int) -> None:
         self.device = device
         self.sampler = make_sampler(preset).to(device)
@@ -58,12 +67,35 @@ class SamplingLoop:
         self.generator = noise_generator(device, seed)
         self.commit_t = torch.zeros(1, device=device)
 
+    def sample_chunk(self, cond: torch.Tensor, inputs: Any) -> torch.Tensor:
+        """cond [1, 20, C, h, w] and the chunk's control input, on the device -> the chunk's clean
+        latents [1, 16, C, h, w]; its commit is due (`commit_chunk`) before the next chunk. `cond`
+        is read again by the commit: it must not change until then."""
+        raise NotImplementedError
+
+    def commit_chunk(self) -> None:
+        """The sampled chunk's t = 0 forward: its clean K/V into the caches, so the next chunk
+        attends to what was actually shown."""
+        commit, self._commit = self._commit, None
+        if commit is None:
+            raise RuntimeError("no sampled chunk to commit")
+        with torch.no_grad():
+            commit()
+
+    def run_chunk(self, cond: torch.Tensor, inputs: Any) -> torch.Tensor:
+        """A whole chunk: sampled, then committed."""
+        x0 = self.sample_chunk(cond, inputs)
+        self.commit_chunk()
+        return x0
+
     def denoise(self, forward: Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]) -> torch.Tensor:
-        """forward(x_t, t, commit) -> velocity; returns the chunk's clean latents [1, 16, C, h, w]."""
+        """forward(x_t, t, commit) -> velocity; returns the chunk's clean latents [1, 16, C, h, w]
+        and leaves their commit forward due."""
+        if self._commit is not None:
+            raise RuntimeError("the previous chunk was not committed")
         noise = torch.randn((1, 16, self.chunk, *self.latent_hw), generator=self.generator, device=self.device)
         x0 = self.sampler.sample(noise, lambda x_t, t: forward(x_t, t, False), self.generator)
-        # Commit clean K/V so the next chunk attends to what was actually shown.
-        forward(x0, self.commit_t, True)
+        self._commit = lambda: forward(x0, self.commit_t, True)
         return x0
 
 
@@ -105,7 +137,7 @@ class DenoiseSession(SamplingLoop):
         return self.prompt.receipt()
 
     @torch.no_grad()
-    def run_chunk(self, cond: torch.Tensor, poses: torch.Tensor) -> torch.Tensor:
+    def sample_chunk(self, cond: torch.Tensor, poses: torch.Tensor) -> torch.Tensor:
         """cond [1, 20, C, h, w], poses [C, 4, 4] (relative, see CameraTrack.next_inputs), both on
         the stage's device -> clean latents [1, 16, C, h, w]."""
         changed = self.prompt.next_chunk()
@@ -146,7 +178,7 @@ class ActionDenoiseSession(SamplingLoop):
         return None
 
     @torch.no_grad()
-    def run_chunk(self, cond: torch.Tensor, actions: ChunkActions) -> torch.Tensor:
+    def sample_chunk(self, cond: torch.Tensor, actions: ChunkActions) -> torch.Tensor:
         """cond [1, 20, C, h, w] and the chunk's action windows (ActionTrack.next_inputs), both on the
         stage's device -> clean latents [1, 16, C, h, w]."""
         start = self.cache.committed_frames

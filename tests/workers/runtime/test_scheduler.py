@@ -21,6 +21,7 @@ from workers.runtime.lanes import Deadlines
 from workers.runtime.ledger import SlotKey, slot_key
 from workers.runtime.messages import (
     STAGES,
+    ChunkCommitted,
     ChunkDone,
     CloseSession,
     Command,
@@ -129,7 +130,8 @@ class FakeWorkers:
             out = self.slot(stage)
             read = (cmd.cond,) if cmd.prompt is None else (cmd.cond, cmd.prompt.context)
             acks = tuple(Ack(ref) for ref in read)
-            self.reply(stage, ChunkDone(stage, 0, cmd.session_id, cmd.epoch, cmd.chunk_index, 0.5, out, acks))
+            s, e, k = cmd.session_id, cmd.epoch, cmd.chunk_index
+            self.reply(stage, ChunkDone(stage, 0, s, e, k, 0.5, out, acks), ChunkCommitted(stage, 0, s, e, k, 0.1))
         else:
             assert isinstance(cmd, DecodeChunk)
             s, e, k = cmd.session_id, cmd.epoch, cmd.chunk_index
@@ -285,6 +287,63 @@ def test_a_failing_chunk_ends_only_its_session_and_gives_its_slots_back() -> Non
     assert bad.ended == ["dit stage (rank 0): boom"] and good.ended == [None]
     assert fw.handed_out == {} and fw.sched.counters["sessions_failed"] == 1
     assert fw.sched.counters["leaked_slots"] == 0
+
+
+def test_a_chunks_commit_after_its_reply_counts_as_busy_time_not_idle_time() -> None:
+    fw, viewer = make(), Viewer()
+    spec = open_session(fw, viewer)
+    for _ in range(100):
+        fw.step()
+        cmd = fw.computing.get(Stage.DIT)
+        if isinstance(cmd, DenoiseChunk):
+            break
+        for stage in reversed(STAGES):
+            if stage in fw.computing:
+                fw.finish(stage)
+    assert isinstance(cmd, DenoiseChunk)
+    lane = fw.sched.lanes[Stage.DIT]
+    busy, idle = lane.busy_s, lane.times(fw.now, True)["idle_s"]
+    out = fw.slot(Stage.DIT)
+    fw.reply(Stage.DIT, ChunkDone(Stage.DIT, 0, spec.id, spec.epoch, cmd.chunk_index, 0.5, out, (Ack(cmd.cond),)))
+    fw.now += 0.2  # the commit forward: the DiT was not idle meanwhile, though it had answered
+    fw.run(fw.sched.on_reply(Stage.DIT, 0, ChunkCommitted(Stage.DIT, 0, spec.id, spec.epoch, 0, 0.2), fw.now))
+    assert lane.busy_s == pytest.approx(busy + 0.5 + 0.2)
+    assert lane.times(fw.now, True)["idle_s"] == pytest.approx(idle)
+    fw.now += 0.3
+    assert lane.times(fw.now, True)["idle_s"] == pytest.approx(idle + 0.3)
+    assert viewer.ended == []
+
+
+def test_a_failed_commit_ends_its_session_and_gives_its_slots_back() -> None:
+    fw = make()
+    bad, good = Viewer(), Viewer()
+    sbad = open_session(fw, bad)
+    open_session(fw, good, max_chunks=2)
+    failed = False
+    for _ in range(200):
+        fw.step()
+        cmd = fw.computing.get(Stage.DIT)
+        if not failed and isinstance(cmd, DenoiseChunk) and cmd.session_id == sbad.id and cmd.chunk_index == 1:
+            out, acks = fw.slot(Stage.DIT), (Ack(cmd.cond),)
+            error = "dit stage (rank 0) raised RuntimeError: boom"
+            fw.reply(
+                Stage.DIT,
+                ChunkDone(Stage.DIT, 0, sbad.id, sbad.epoch, 1, 0.5, out, acks),
+                ChunkCommitted(Stage.DIT, 0, sbad.id, sbad.epoch, 1, 0.0, error),
+            )
+            failed = True
+            continue
+        for stage in reversed(STAGES):
+            if stage in fw.computing:
+                fw.finish(stage)
+        if bad.ended and good.ended:
+            break
+    assert bad.ended == ["dit stage (rank 0) raised RuntimeError: boom"] and good.ended == [None]
+    assert fw.handed_out == {} and fw.sched.counters["sessions_failed"] == 1
+    assert fw.sched.counters["leaked_slots"] == 0
+    # A commit that reports after its session ended changes nothing.
+    fw.run(fw.sched.on_reply(Stage.DIT, 0, ChunkCommitted(Stage.DIT, 0, sbad.id, sbad.epoch, 2, 0.0, "late"), fw.now))
+    assert bad.ended == ["dit stage (rank 0) raised RuntimeError: boom"]
 
 
 def test_a_dead_stage_fails_every_session() -> None:
