@@ -555,8 +555,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     control = shape = event = None
     if engine is not None:
-        control = controllability(engine, world, spec, args.control_starts)
-        shape = geometry(engine, world, spec, args.geometry_clips)
+        # 0 starts or clips: that part is not measured (its figures are None).
+        control = controllability(engine, world, spec, args.control_starts) if args.control_starts else None
+        shape = geometry(engine, world, spec, args.geometry_clips) if args.geometry_clips else None
         if args.event_starts and engine.family.live_prompts:
             event = events(engine, world, spec, args.event_starts)
         headline |= {
@@ -566,9 +567,9 @@ def main(argv: list[str] | None = None) -> int:
             "drift_psnr_db_9_10s": walk["model"]["drift_psnr_db_9_10s"],
             "sharpness_0_4s": walk["model"]["sharpness"]["0-4s"],
             "edge_f1_0_4s": walk["model"]["edge_f1"]["0-4s"],
-            "geometry_ssim_1_2s_wall": shape["wall"]["ssim_1_2s"],
-            "geometry_ssim_1_2s_corner": shape["corner"]["ssim_1_2s"],
-            "controllability": control["accuracy"],
+            "geometry_ssim_1_2s_wall": None if shape is None else shape["wall"]["ssim_1_2s"],
+            "geometry_ssim_1_2s_corner": None if shape is None else shape["corner"]["ssim_1_2s"],
+            "controllability": None if control is None else control["accuracy"],
         }
         if event is not None:
             headline["event_frames_closer"] = float(np.mean([r["frames_closer_to_event"] for r in event.values()]))

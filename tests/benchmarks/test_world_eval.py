@@ -55,6 +55,18 @@ def test_world_eval_writes_report_and_strip(tmp_path: Path) -> None:
     assert strip.size[1] == 2 * 128 and strip.size[0] % 128 == 0  # generated row above ground truth
 
 
+@pytest.mark.long
+def test_parts_given_none_to_measure_are_left_out_of_the_report(tmp_path: Path) -> None:
+    out = tmp_path / "EVAL.json"
+    zero = ["--control-starts", "0", "--geometry-clips", "0", "--event-starts", "0"]
+    assert main(["--out", str(out), "--walks", "1", "--walk-chunks", "2", *zero]) == 0
+    report = json.loads(out.read_text())
+    head = report["headline"]
+    assert math.isfinite(head["model_psnr_db_0_1s"]) and report["controllability"] is None
+    assert head["controllability"] is head["geometry_ssim_1_2s_wall"] is None and report["geometry"] is None
+    assert report["targets_met"]["controllability"] is False  # not measured is not met
+
+
 def test_world_eval_vae_only_measures_the_vae_alone(tmp_path: Path) -> None:
     out = tmp_path / "EVAL.json"
     assert main(["--out", str(out), "--walks", "1", "--walk-chunks", "2", "--vae-only"]) == 0
