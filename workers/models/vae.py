@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -590,6 +590,16 @@ class Decoder3d(nn.Module):
         cut = resamples[-2] + 1 if len(resamples) > 1 else 0
         return layers[:cut], [*layers[cut:], *self.head]
 
+    @property
+    def frame_layers(self) -> tuple[list[nn.Module], list[nn.Module]]:
+        """(the upsampling layers up to the last temporal one, the layers after it: these map video
+        frames one by one, their causal caches carrying time, so a latent frame's video frames can
+        run through them a few at a time)."""
+        layers = list(self.upsamples)
+        temporal = [i for i, m in enumerate(layers) if isinstance(m, Resample) and m.mode == "upsample3d"]
+        cut = temporal[-1] + 1 if temporal else 0
+        return layers[:cut], [*layers[cut:], *self.head]
+
     def forward(
         self,
         x: torch.Tensor,
@@ -605,6 +615,16 @@ class Decoder3d(nn.Module):
             return _run_banded(banded, _run_sequence(before, x, cache), band_caches)
         x = _run_sequence(self.upsamples, x, cache, shard)
         return _run_sequence(self.head, x, cache, shard)
+
+    def forward_first_apart(self, x: torch.Tensor, cache: CacheList, first_frames: int) -> Iterator[torch.Tensor]:
+        """`forward` of one latent frame (unsharded, unbanded) in two pieces: its first
+        `first_frames` video frames, made before the rest is started, then the rest."""
+        before, after = self.frame_layers
+        x = _cached_conv(self.conv1, x, cache)
+        x = _run_sequence(self.middle, x, cache)
+        x = _run_sequence(before, x, cache)
+        yield _run_sequence(after, x[:, :, :first_frames], cache)
+        yield _run_sequence(after, x[:, :, first_frames:], cache)
 
 
 @dataclass
@@ -812,6 +832,19 @@ class WanVAE(nn.Module):
         """Decode the next latent frames of a stream: [B, z, F, h, w] -> float32 video in [-1, 1].
 
         The stream's first latent frame yields 1 video frame, every later one config.temporal_stride.
+        A `shard` as in `decode_stream_parts`, which hands the video on in pieces.
+        """
+        ((video, _),) = self.decode_stream_parts(latents, state, shard)
+        return video
+
+    def decode_stream_parts(
+        self, latents: torch.Tensor, state: VAEStreamState, shard: SpatialShard | None = None, first_frames: int = 0
+    ) -> Iterator[tuple[torch.Tensor, bool]]:
+        """`decode_stream` as (video, is the last piece) pieces: one, or with `first_frames` k (unsharded,
+        unbanded) two when the first latent frame yields more than k video frames: its first k,
+        decoded before anything else is started, then the rest. A viewer sees a chunk's first frames
+        sooner; the layers after the last temporal upsampling run on fewer frames at a time, which
+        moves the frames by float rounding only.
 
         With a `shard`, `latents` is this rank's band of latent rows (`split_rows(latents, rank, N)`)
         and the result is this rank's band of output rows, [B, 3, T, 8*h_band, W]: row band r of
@@ -823,6 +856,8 @@ class WanVAE(nn.Module):
         self._check_state(state)
         if latents.ndim != 5 or latents.shape[1] != self.z_dim:
             raise ValueError(f"latents must be [B, {self.z_dim}, F, h, w], got {tuple(latents.shape)}")
+        if first_frames < 0 or (first_frames and (shard is not None or self.bands > 1)):
+            raise ValueError(f"first_frames {first_frames}: a positive count, unsharded and unbanded (or 0)")
         b, _, n, h, w = latents.shape
         if n < 1 or h < 1 or w < 1:
             raise ValueError(f"latents need at least one frame and pixel, got {tuple(latents.shape)}")
@@ -846,9 +881,15 @@ class WanVAE(nn.Module):
 
         mean, std = self.latent_stats(latents.device)
         z = (latents.float() * std + mean).to(self._param_dtype())
+        apart = 0 < first_frames < (1 if state.latents_decoded == 0 else self.config.temporal_stride)
         frames = []
         for i in range(n):
             x = self.conv2(z[:, :, i : i + 1])
+            if i == 0 and apart:
+                pieces = self.decoder.forward_first_apart(x, state.decoder_cache, first_frames)
+                yield next(pieces).float().clamp_(-1.0, 1.0), False
+                frames.append(next(pieces).float().clamp_(-1.0, 1.0))
+                continue
             out = self.decoder(x, state.decoder_cache, shard, state.decoder_band_caches)
             frames.append(out.float().clamp_(-1.0, 1.0))
         video = torch.cat(frames, dim=2)
@@ -856,8 +897,8 @@ class WanVAE(nn.Module):
         state.decoder_geometry = (b, h, w)
         state.decoder_shard = layout
         state.latents_decoded += n
-        state.frames_decoded += video.shape[2]
-        return video
+        state.frames_decoded += video.shape[2] + (first_frames if apart else 0)
+        yield video, True
 
     def decode_stream_sharded(
         self, latents: torch.Tensor, state: VAEStreamState, shard: SpatialShard, gather_to: int | None = 0

@@ -201,3 +201,37 @@ def test_a_per_frame_full_resolution_stage_keeps_no_history_there() -> None:
         parts = [per_frame.decode_stream(part, state) for part in _split(latents, [1, 4, 3])]
     assert torch.equal(torch.cat(parts, dim=2), expected)
     assert expected.shape == (1, 3, 29, SIZE, SIZE)
+
+
+def test_a_latent_frames_first_video_frames_come_apart_and_first() -> None:
+    torch.manual_seed(0)
+    vae = WanVAE(VAEConfig(base_dim=8)).eval()
+    latents = _latents(3)
+    head_calls = []
+    hook = vae.decoder.head[-1].register_forward_hook(lambda m, i, o: head_calls.append(o.shape[2]))
+    with torch.inference_mode():
+        expected = vae.decode(latents)
+        del head_calls[:]
+        state = vae.new_stream_state()
+        # The stream's first latent frame is one video frame: nothing to split.
+        ((first, whole),) = vae.decode_stream_parts(latents[:, :, :1], state, first_frames=2)
+        assert whole and first.shape[2] == 1
+        pieces = vae.decode_stream_parts(latents[:, :, 1:], state, first_frames=2)
+        head_calls.clear()
+        early, whole = next(pieces)
+        assert early.shape[2] == 2 and not whole and head_calls == [2]  # nothing after it has run yet
+        rest = list(pieces)
+    hook.remove()
+    assert [(v.shape[2], w) for v, w in rest] == [(6, True)] and head_calls == [2, 2, 4]
+    video = torch.cat([first, early, rest[0][0]], dim=2)
+    # The full-resolution layers ran on 2 frames at a time instead of 4: float rounding apart.
+    torch.testing.assert_close(video, expected, rtol=0, atol=1e-5)
+    assert state.latents_decoded == 3 and state.frames_decoded == 9
+
+
+def test_first_frames_apart_needs_one_unbanded_pass() -> None:
+    torch.manual_seed(0)
+    vae = WanVAE(VAEConfig(base_dim=8)).eval()
+    vae.set_bands(2, SIZE)
+    with pytest.raises(ValueError, match="unbanded"):
+        next(vae.decode_stream_parts(_latents(1), vae.new_stream_state(), first_frames=2))
