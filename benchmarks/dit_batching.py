@@ -2,6 +2,7 @@
 
     python -m benchmarks.dit_batching [--model lingbot-world-v2-1.3b,matrix-game-2-universal]
                                       [--device cuda] [--batches 1,2,4] [--chunks 6] [--json OUT]
+                                      [--check-bits]
 
 Today every session runs its own DiT forwards. Batching B sessions that are due at the same time
 into one forward pays only where batch 1 leaves the device idle: public evidence is mixed, since on
@@ -18,6 +19,11 @@ size with seeded random weights (the time is the model's; the numbers are noise)
 Reported per batch size: the chunk's median seconds, per session-chunk seconds, the ratio to batch 1,
 how many sessions that rate keeps in real time (the chunk's media duration over the per-session
 time), and the peak device memory.
+
+`--check-bits` also answers what batching would cost the recordings: B sessions with their own
+inputs run their chunks (the window's fill, then one more) batched and each alone, and every
+session's last forward is compared with its own, bit for bit. A recording regenerates exactly only
+if a session's frames do not depend on who it was batched with.
 """
 
 from __future__ import annotations
@@ -50,8 +56,9 @@ GPU_MODELS = "lingbot-world-v2-1.3b,matrix-game-2-universal"
 # The timestep each sampling forward is given: the cost of a forward does not depend on it.
 SAMPLING_T = 500.0
 
-ChunkFn = Callable[[], None]
-Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], None]  # x, cond, t, commit
+ChunkFn = Callable[[], torch.Tensor]  # a chunk's forwards; returns its last sampling forward's output
+Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]  # x, cond, t, commit
+Inputs = tuple[torch.Tensor, torch.Tensor]  # every session's (x, cond) rows, [B, 16 | 20, C, h, w]
 
 
 def _sync(device: torch.device) -> None:
@@ -67,25 +74,36 @@ def _steady_control(preset: ModelPreset, frames: int) -> Any:
     return track.next_inputs(control, frames)
 
 
-def _chunk(preset: ModelPreset, batch: int, device: torch.device, gen: torch.Generator, forward: Forward) -> ChunkFn:
-    """One chunk of B sessions as the denoise loop runs it: a forward per sampling step, then the
-    t = 0 forward that commits to the caches. `forward(x, cond, t, start, commit)` is the family's."""
+def session_inputs(preset: ModelPreset, batch: int, device: torch.device, seed: int = 0) -> Inputs:
+    """B sessions' own chunk inputs: the latents a forward denoises and the condition."""
     frames, h, w = preset.chunk_latent_frames, preset.latent_height, preset.latent_width
+    gen = torch.Generator(device="cpu").manual_seed(seed)
     cond = torch.randn(batch, 20, frames, h, w, generator=gen).to(device)
-    x = torch.randn(batch, 16, frames, h, w, generator=gen).to(device)
+    return torch.randn(batch, 16, frames, h, w, generator=gen).to(device), cond
+
+
+def _chunk(preset: ModelPreset, device: torch.device, inputs: Inputs, forward: Forward) -> ChunkFn:
+    """One chunk of B sessions as the denoise loop runs it: a forward per sampling step, then the
+    t = 0 forward that commits to the caches. `forward(x, cond, t, commit)` is the family's."""
+    x, cond = inputs
+    batch = x.shape[0]
     t_sample = torch.full((batch,), SAMPLING_T, device=device)
     t_commit = torch.zeros(batch, device=device)
 
     @torch.no_grad()
-    def chunk() -> None:
+    def chunk() -> torch.Tensor:
+        out = x
         for _ in preset.timestep_indices:
-            forward(x, cond, t_sample, False)
+            out = forward(x, cond, t_sample, False)
         forward(x, cond, t_commit, True)
+        return out
 
     return chunk
 
 
-def lingbot_chunk(dit: WanDiT, preset: ModelPreset, batch: int, device: torch.device) -> ChunkFn:
+def lingbot_chunk(
+    dit: WanDiT, preset: ModelPreset, batch: int, device: torch.device, inputs: Inputs | None = None
+) -> ChunkFn:
     """B LingBot-World sessions' chunk as one: camera rays, the prompt's K/V, the rolling cache."""
     cfg, frames = preset.dit, preset.chunk_latent_frames
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -100,20 +118,23 @@ def lingbot_chunk(dit: WanDiT, preset: ModelPreset, batch: int, device: torch.de
     _, ph, pw = cfg.patch_size
     rope = RopeTables(cfg.head_dim, preset.latent_height // ph, preset.latent_width // pw, device)
 
-    def forward(x: torch.Tensor, cond: torch.Tensor, t: torch.Tensor, commit: bool) -> None:
-        dit(x, cond, t, text_kv, camera, cache.committed_frames, cache, commit, rope=rope)
+    def forward(x: torch.Tensor, cond: torch.Tensor, t: torch.Tensor, commit: bool) -> torch.Tensor:
+        return dit(x, cond, t, text_kv, camera, cache.committed_frames, cache, commit, rope=rope)
 
-    return _chunk(preset, batch, device, gen, forward)
+    return _chunk(preset, device, inputs or session_inputs(preset, batch, device), forward)
 
 
-def matrix_game_chunk(dit: MatrixGameDiT, preset: ModelPreset, batch: int, device: torch.device) -> ChunkFn:
+def matrix_game_chunk(
+    dit: MatrixGameDiT, preset: ModelPreset, batch: int, device: torch.device, inputs: Inputs | None = None
+) -> ChunkFn:
     """B Matrix-Game sessions' chunk as one: the CLIP image K/V, per-frame actions, the three caches."""
     frames = preset.chunk_latent_frames
     cfg = dataclasses.replace(dit.cfg, chunk_frames=frames)
     gen = torch.Generator(device="cpu").manual_seed(0)
     tokens, width = family_for(preset).context_shape(preset)
     with torch.no_grad():
-        image_kv = dit.image_kv(torch.randn(batch, tokens, width, generator=gen).to(device))
+        clip = torch.randn(1, tokens, width, generator=gen).to(device)  # one start image for all
+        image_kv = dit.image_kv(clip.expand(batch, -1, -1).contiguous())
     one: ChunkActions = _steady_control(preset, frames)
     actions = ChunkActions(
         keyboard=one.keyboard.expand(batch, *one.keyboard.shape[1:]).contiguous(),
@@ -123,10 +144,10 @@ def matrix_game_chunk(dit: MatrixGameDiT, preset: ModelPreset, batch: int, devic
     _, ph, pw = cfg.patch_size
     rope = RopeTables(cfg.head_dim, preset.latent_height // ph, preset.latent_width // pw, device)
 
-    def forward(x: torch.Tensor, cond: torch.Tensor, t: torch.Tensor, commit: bool) -> None:
-        dit(x, cond, t, image_kv, actions, cache.committed_frames, cache, commit, rope=rope)
+    def forward(x: torch.Tensor, cond: torch.Tensor, t: torch.Tensor, commit: bool) -> torch.Tensor:
+        return dit(x, cond, t, image_kv, actions, cache.committed_frames, cache, commit, rope=rope)
 
-    return _chunk(preset, batch, device, gen, forward)
+    return _chunk(preset, device, inputs or session_inputs(preset, batch, device), forward)
 
 
 def fill_chunks(preset: ModelPreset) -> int:
@@ -192,6 +213,23 @@ def measure(preset: ModelPreset, device: torch.device, batches: list[int], chunk
     }
 
 
+def check_bits(preset: ModelPreset, device: torch.device, batch: int) -> dict[str, Any]:
+    """Does a session batched with B - 1 others compute what it computes alone? B sessions with their
+    own inputs run the window's fill and one more chunk batched, and each alone; every session's last
+    sampling forward is compared with its own."""
+    dit = family_for(preset).load_dit(preset, device, None, weights_seed=0)
+    build = lingbot_chunk if isinstance(dit, WanDiT) else matrix_game_chunk
+    x, cond = session_inputs(preset, batch, device, seed=1)
+    together = build(dit, preset, batch, device, (x, cond))  # type: ignore[arg-type]
+    alone = [build(dit, preset, 1, device, (x[i : i + 1], cond[i : i + 1])) for i in range(batch)]  # type: ignore[arg-type]
+    for _ in range(fill_chunks(preset) + 1):
+        batched = together()
+        own = [run() for run in alone]
+    diffs = [float((batched[i : i + 1] - own[i]).abs().max()) for i in range(batch)]
+    equal = all(torch.equal(batched[i : i + 1], own[i]) for i in range(batch))
+    return {"batch": batch, "bit_equal": equal, "max_abs_diff": max(diffs)}
+
+
 def table(report: dict[str, Any]) -> list[str]:
     lines = [
         f"{report['model']} ({report['dtype']}, {report['tokens_per_latent_frame']} tokens × "
@@ -204,6 +242,9 @@ def table(report: dict[str, Any]) -> list[str]:
             f"  batch {r['batch']}: chunk {r['chunk_s_p50']:.3f} s, per session-chunk {r['per_session_chunk_s']:.3f} s "
             f"({r['speedup_vs_batch1']:.2f}× batch 1; {r['real_time_sessions']:.1f} sessions in real time){mem}"
         )
+    for bits in report.get("bits", []):
+        same = "yes" if bits["bit_equal"] else f"no (max |diff| {bits['max_abs_diff']:.2g})"
+        lines.append(f"  batch {bits['batch']}: each session's output bit for bit its own forward's: {same}")
     return lines
 
 
@@ -214,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="1,2,4", help="batch sizes, the first one the reference")
     p.add_argument("--chunks", type=int, default=6, help="timed chunks per batch size")
     p.add_argument("--json", type=Path, default=None, help="write the report here")
+    p.add_argument(
+        "--check-bits", action="store_true", help="also compare each batched session with its own forward, bit for bit"
+    )
     args = p.parse_args(argv)
     try:
         batches = [int(b) for b in args.batches.split(",")]
@@ -227,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     for preset in presets:
         print(f"{preset.name}: building the DiT with random weights on {device} …", file=sys.stderr, flush=True)
         reports.append(measure(preset, device, batches, args.chunks))
+        if args.check_bits:
+            reports[-1]["bits"] = [check_bits(preset, device, b) for b in batches if b > 1]
         print("\n".join(table(reports[-1])), flush=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
