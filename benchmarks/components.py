@@ -7,6 +7,9 @@
 - `bitrate`: H.264 and VP8 through aiortc's encoders at two configured targets on hard content
   (scrolling noise); the achieved kbps against each target shows the setting takes effect.
 - `render`: one 128×128 frame of the procedural town (training data and evaluation ground truth).
+- `first_part`: the decode of a steady latent frame of gridworld's VAE on one thread, whole and with
+  its first `FIRST_PART_FRAMES` frames apart (workers/stages/decode.py), in turn: when the first
+  frames are out, and the whole latent frame's time.
 """
 
 from __future__ import annotations
@@ -22,13 +25,18 @@ from typing import Any
 
 import av
 import numpy as np
+import torch
 from aiortc.codecs import get_encoder
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 
 from benchmarks.stats import summarize
 from server.media import codecs
 from server.media.video_track import rgb_to_video_frame
+from workers.determinism import intra_op_threads
 from workers.models.camera import CameraState, Intrinsics
+from workers.models.components import load_vae
+from workers.models.presets import get_preset
+from workers.stages.decode import FIRST_PART_FRAMES
 from workers.training.clips import WORLD_SEED
 from workers.world import World
 
@@ -96,12 +104,41 @@ def render_cost(repeats: int) -> dict[str, float | None]:
     return time_ms(lambda: world.render(pose, intr, 128, 128), repeats)
 
 
+def first_part_costs(repeats: int) -> dict[str, dict[str, float | None]]:
+    preset = get_preset("gridworld")
+    vae = load_vae(preset, torch.device("cpu"), None)
+    gen = torch.Generator().manual_seed(0)
+    latents = [torch.randn(1, 16, 1, preset.latent_height, preset.latent_width, generator=gen) for _ in range(8)]
+    times: dict[str, list[float]] = {"whole_ms": [], "apart_first_ms": [], "apart_whole_ms": []}
+    with intra_op_threads(1), torch.inference_mode():
+        whole, apart = vae.new_stream_state(), vae.new_stream_state()
+        for i in range(repeats + 3):  # in turn, so a busy spell hits both alike; 3 to warm up
+            z = latents[i % len(latents)]
+            t = time.perf_counter()
+            vae.decode_stream(z, whole)
+            took = [(time.perf_counter() - t) * 1e3]
+            t = time.perf_counter()
+            pieces = vae.decode_stream_parts(z, apart, first_frames=FIRST_PART_FRAMES if i else 0)
+            for _ in pieces:
+                took.append((time.perf_counter() - t) * 1e3)
+            if i >= 3:
+                times["whole_ms"].append(took[0])
+                times["apart_first_ms"].append(took[1])
+                times["apart_whole_ms"].append(took[-1])
+    return {name: summarize(values) for name, values in times.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.components", description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=50, help="timed repetitions per cost")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = p.parse_args(argv)
-    report = {"convert_ms": convert_costs(args.repeats), "bitrate_bps": bitrates(), "render_ms": render_cost(20)}
+    report = {
+        "convert_ms": convert_costs(args.repeats),
+        "bitrate_bps": bitrates(),
+        "render_ms": render_cost(20),
+        "first_part_ms": first_part_costs(args.repeats),
+    }
     for size, s in report["convert_ms"].items():
         print(f"rgb24→yuv420p {size}: median {s['p50']:.3f} ms, p90 {s['p90']:.3f} ms")
     for mime, got in report["bitrate_bps"].items():
@@ -109,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{mime}: {pairs}")
     r = report["render_ms"]
     print(f"world render 128x128: median {r['p50']:.2f} ms, p90 {r['p90']:.2f} ms")
+    f = {name: s["p50"] for name, s in report["first_part_ms"].items()}
+    print(
+        f"decode of a latent frame, one thread: whole {f['whole_ms']:.1f} ms; first {FIRST_PART_FRAMES} frames apart: "
+        f"out at {f['apart_first_ms']:.1f} ms, all at {f['apart_whole_ms']:.1f} ms (medians)"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
