@@ -38,3 +38,15 @@ def test_a_later_chunks_first_frames_are_a_part_of_their_own() -> None:
     # And bit for bit what any other decode of the same chunks gives (a recording's regeneration).
     again, _ = _decode(vae, chunks)
     assert np.array_equal(again, frames)
+
+
+def test_the_first_frames_held_back_are_the_same_frames_in_fewer_parts() -> None:
+    torch.manual_seed(0)
+    vae = WanVAE(VAEConfig(base_dim=8)).eval()
+    latents = torch.randn(1, 16, 6, 4, 4, generator=torch.Generator().manual_seed(1))
+    chunks = [latents[:, :, :3], latents[:, :, 3:]]
+    early, _ = _decode(vae, chunks)
+    session = DecodeSession(vae)
+    held = [list(session.run_chunk_parts(c, first_frames_early=False)) for c in chunks]
+    assert [[f.shape[0] for f, _ in parts] for parts in held] == [[5, 4], [4, 4, 4]]  # type: ignore[union-attr]
+    assert np.array_equal(np.concatenate([f for parts in held for f, _ in parts]), early)  # type: ignore[misc]

@@ -4,14 +4,19 @@ The first chunk of C latent frames yields 4C−3 video frames, every later one 4
 caches carry across chunks so the seams are exactly those of a one-shot decode. Frames come out in
 parts as soon as they are decoded (`run_chunk_parts`): one latent frame's 4 frames at a time, the
 first chunk's single-frame latent frame 0 joined to the next, so a viewer's pacer can start a chunk
-before its last frames exist and every part covers at least the time the next one takes. A later
-chunk's first latent frame comes in two parts, its first `FIRST_PART_FRAMES` frames as soon as they
-exist, so the frames a control made reach the viewer sooner. The layers after the last temporal
-upsampling run twice, on half the frames each time: on one core at 128×128 the first 2 frames are
-out 36 % sooner than all 4 were, for 4 % more decode time (`python -m benchmarks.components`). With
-a `SpatialShard`, each rank decodes its band of latent rows (halo rows exchanged with its
-neighbours) and rank 0 receives the gathered frames; sharded or banded, a latent frame's frames come
-out together.
+before its last frames exist and every part covers at least the time the next one takes.
+
+A later chunk's first latent frame is decoded in two groups, its first `FIRST_PART_FRAMES` frames
+then the rest, and (`first_frames_early`: the decode handler asks for it while it decodes for one
+session) the first group is handed on as soon as it exists, so the frames a control made reach the
+viewer sooner. The layers after the last temporal upsampling run twice, on half the frames each
+time: on one core at 128×128 the first 2 frames are out 36 % sooner than all 4 were, for 4 % more
+decode time (`python -m benchmarks.components`). The groups are fixed by the chunk, so the frames
+are the same whichever way they are handed on.
+
+With a `SpatialShard`, each rank decodes its band of latent rows (halo rows exchanged with its
+neighbours) and rank 0 receives the gathered frames; sharded or banded, a latent frame's frames
+come out together.
 """
 
 from __future__ import annotations
@@ -45,9 +50,13 @@ class DecodeSession:
         self.state = vae.new_stream_state()
 
     @torch.no_grad()
-    def run_chunk_parts(self, latents: torch.Tensor) -> Iterator[tuple[np.ndarray | None, bool]]:
+    def run_chunk_parts(
+        self, latents: torch.Tensor, first_frames_early: bool = True
+    ) -> Iterator[tuple[np.ndarray | None, bool]]:
         """latents [1, 16, C, h, w] (this rank's band when sharded) -> (frames [T, H, W, 3] uint8,
-        is the last part) per part, in order; frames are None on ranks other than 0 of a shard."""
+        is the last part) per part, in order; frames are None on ranks other than 0 of a shard.
+        `first_frames_early` False: a chunk's first frames go with the rest of their latent frame
+        (the same frames, bit for bit; only when they are handed on differs)."""
         device = next(self.vae.parameters()).device
         latents = latents.to(device)
         bounds = part_bounds(latents.shape[2], first_in_stream=self.state.latents_decoded == 0)
@@ -58,8 +67,11 @@ class DecodeSession:
             if self.shard is None:
                 # video [1, 3, T, H, W]; a later chunk's first latent frame in two pieces
                 pieces = self.vae.decode_stream_parts(part, self.state, first_frames=apart if i == 0 else 0)
-                for video, whole in pieces:
-                    yield to_uint8_frames(video[0]), last and whole
+                if first_frames_early:
+                    for video, whole in pieces:
+                        yield to_uint8_frames(video[0]), last and whole
+                else:
+                    yield to_uint8_frames(torch.cat([video for video, _ in pieces], dim=2)[0]), last
             else:
                 gathered = self.vae.decode_stream_sharded(part, self.state, self.shard, gather_to=0)
                 yield None if gathered is None else to_uint8_frames(gathered[0]), last
