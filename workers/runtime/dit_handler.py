@@ -5,9 +5,10 @@ The control is folded in here rather than in the encode stage: a chunk's control
 when the DiT is ready to start it, and turning it into model input (poses, action windows) is
 cheap, so the DiT never waits on another stage for it.
 
-A chunk's reply goes out as soon as its latents are sampled; its commit forward (the clean K/V for
-the session's next chunk) runs after it, before the worker reads its next command, and reports on
-its own (`ChunkCommitted`). The decode starts a forward earlier, and the DiT's time counts in full.
+A chunk's reply goes out as soon as its latents are sampled, so the decode starts a forward
+earlier; its commit forward (the clean K/V for the session's next chunk) runs after it and ends the
+command (`ChunkCommitted`): the scheduler gives the stage nothing else, and so samples no other
+chunk's controls, before that.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class DitHandler(StageHandler):
             out = self.publish(latents, shard_dim=LATENT_ROW_DIM, num_shards=self.spec.output_shards)
             described = self.family.describe_inputs(inputs) if rank == 0 else None
             receipt = session.denoise.prompt_receipt() if rank == 0 else None
-            yield self.chunk_done(msg, timer.busy_s, out, read, model_input=described, prompt=receipt)
+            yield self.chunk_done(msg, timer.busy_s, out, read, described, receipt, commit_follows=True)
             yield self._commit(msg, session)
         else:
             raise TypeError(f"DiT stage cannot handle {type(msg).__name__}")

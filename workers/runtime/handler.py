@@ -206,12 +206,23 @@ class StageHandler:
         inputs: tuple[TensorRef, ...] = (),
         model_input: dict[str, Any] | None = None,
         prompt: dict[str, Any] | None = None,
+        commit_follows: bool = False,
     ) -> ChunkDone:
         """The reply to a chunk command, acking the inputs it read in place."""
         stage, rank = self.spec.stage, self.spec.rank
         acks = self.done_with(*inputs)
         return ChunkDone(
-            stage, rank, msg.session_id, msg.epoch, msg.chunk_index, busy_s, output, acks, model_input, prompt
+            stage,
+            rank,
+            msg.session_id,
+            msg.epoch,
+            msg.chunk_index,
+            busy_s,
+            output,
+            acks,
+            model_input,
+            prompt,
+            commit_follows,
         )
 
     def synchronize(self) -> None:

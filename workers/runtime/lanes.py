@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from workers.runtime.messages import CloseSession, EncodePrompt, OpenSession, Reply, Stage, TensorRef
+from workers.runtime.messages import ChunkCommitted, CloseSession, EncodePrompt, OpenSession, Reply, Stage, TensorRef
 
 IDLE_INTERVALS_KEPT = 10_000  # per stage: a replay's worth (hours of chunks) for timelines
 
@@ -61,6 +61,7 @@ class Assignment:
     deadline_t: float = math.inf  # no answer by then: the stage is hung (set as the lane starts it)
     inputs: tuple[tuple[Stage, TensorRef], ...] = ()  # (producer, ref) the command reads
     replies: list[Reply] = field(default_factory=list)
+    commits: list[ChunkCommitted] = field(default_factory=list)  # a DiT chunk's, after its replies
 
 
 @dataclass
@@ -100,13 +101,6 @@ class Lane:
         history = self.answer_s.setdefault(assignment.kind, deque(maxlen=deadlines.window))
         history.append(now - assignment.sent_t)
         return assignment
-
-    def worked_after_answer(self, busy_s: float, now: float) -> None:
-        """The stage went on computing `busy_s` after answering (a DiT chunk's commit), until `now`:
-        busy time, and not idle time if nothing was assigned meanwhile."""
-        self.busy_s += busy_s
-        if self.idle_since is not None:
-            self.idle_since = max(self.idle_since, now)
 
     def times(self, now: float, open_: bool) -> dict[str, Any]:
         """Busy and idle seconds; idle time counts while sessions are open (`open_`), up to `now`."""

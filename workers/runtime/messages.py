@@ -209,6 +209,8 @@ class ChunkDone:
     model_input: dict[str, Any] | None = None
     # DiT rank 0 of a family with text: the prompt the chunk's context came from (ChunkDenoiser.prompt_receipt).
     prompt: dict[str, Any] | None = None
+    # DiT: the chunk's commit forward runs after this reply and ends the command (ChunkCommitted).
+    commit_follows: bool = False
 
 
 @dataclass(frozen=True)
@@ -260,9 +262,9 @@ class FramesReady:
 @dataclass(frozen=True)
 class ChunkCommitted:
     """DiT: a chunk's commit forward, run after its ChunkDone (workers/stages/denoise.py), is done
-    (`busy_s` of compute) or failed (`error`: the session's caches are lost, so is the session).
-    Stage busy time counts it; nothing waits for it but the session's next chunk, which the worker
-    starts only after it."""
+    (`busy_s` of compute) or failed (`error`: the session's caches are lost, so is the session). It
+    ends the command: the chunk's latents went on with the ChunkDone, the stage takes no other
+    command (and samples no other chunk's controls) before this."""
 
     stage: Stage
     rank: int

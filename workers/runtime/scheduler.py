@@ -233,14 +233,21 @@ class Scheduler:
         if isinstance(msg, FramesReady):
             self._on_frames(msg, now)  # ahead of the command's reply, which ends it
             return self._flush()
-        if isinstance(msg, ChunkCommitted):
-            self._on_committed(stage, msg, now)  # after the command's reply
-            return self._flush()
         lane = self.lanes[stage]
         assignment = lane.assignment
         assert assignment is not None, f"unexpected reply from {stage.value}: {msg!r}"
+        if isinstance(msg, ChunkCommitted):
+            assignment.commits.append(msg)
+            if len(assignment.commits) == lane.world_size:
+                self._on_committed(stage, lane.answered(self.deadlines, now))
+            return self._flush()
         assignment.replies.append(msg)
         if len(assignment.replies) < lane.world_size:
+            return self._flush()
+        if isinstance(msg, ChunkDone) and msg.commit_follows:
+            # The chunk's latents go on now; the stage stays busy (and its lane taken) until it commits.
+            self._on_assignment_done(stage, assignment, now)
+            assignment.inputs = ()  # handed back with the reply: nothing left for a loss to release
             return self._flush()
         self._on_assignment_done(stage, lane.answered(self.deadlines, now), now)
         return self._flush()
@@ -461,14 +468,15 @@ class Scheduler:
         else:
             self._deliver(session, msg, now, done=False)
 
-    def _on_committed(self, stage: Stage, msg: ChunkCommitted, now: float) -> None:
-        """A DiT chunk's commit forward, run after its reply: the stage's busy time (rank 0's, as for
-        chunks); a failed one ends the session, whose caches are gone."""
-        if msg.rank == 0:
-            self.lanes[stage].worked_after_answer(msg.busy_s, now)
-        session = self.sessions.get(msg.session_id)
-        if msg.error is not None and session is not None and session.spec.epoch == msg.epoch:
-            self._fail(session, msg.error)
+    def _on_committed(self, stage: Stage, assignment: Assignment) -> None:
+        """A DiT chunk's commit forward, after its latents went on: the stage's busy time (rank 0's,
+        as for chunks); a failed one ends the session, whose caches are gone."""
+        first = next(c for c in assignment.commits if c.rank == 0)
+        self.lanes[stage].busy_s += first.busy_s
+        error = next((c.error for c in assignment.commits if c.error is not None), None)
+        session = self.sessions.get(assignment.session_id)
+        if error is not None and session is not None and session.spec.epoch == assignment.epoch:
+            self._fail(session, error)
 
     def _deliver(self, session: Session, part: FramesReady, now: float, done: bool) -> None:
         rec = session.record(part.chunk_index)

@@ -50,7 +50,7 @@ def test_a_chunks_reply_goes_out_before_its_commit_forward(handler: DitHandler) 
     denoise = handler.sessions["a"].denoise
     replies: Iterator[Reply] = handler.handle(chunk(handler, "a", 0))
     done = next(replies)
-    assert isinstance(done, ChunkDone) and done.output is not None
+    assert isinstance(done, ChunkDone) and done.output is not None and done.commit_follows
     assert denoise.kv_cache.committed_frames == 0  # answered; the chunk is not in the caches yet
     committed = next(replies)
     assert isinstance(committed, ChunkCommitted) and committed.error is None and committed.busy_s > 0
