@@ -45,10 +45,10 @@ class DecodeHandler(StageHandler):
             busy_s = 0.0
             offset = 0
             # A chunk's first frames go ahead of the rest only while this stage decodes for one
-            # session: with two sharing it (on 2 CPU cores), handing them on early let JIT dispatch
-            # start chunks so late that their later frames missed the pacer (responsive preset,
-            # two viewers: 13.5-13.7 unique FPS each against 15.7 with the parts together). The
-            # frames are the same either way.
+            # session: with two sharing a saturated decode (2 CPU cores), JIT dispatch timed
+            # chunks by their early first frames and their later frames missed the pacer more
+            # (responsive preset, two viewers: 13.5-15.0 unique FPS each over three runs, against
+            # 14.4-15.7 over six with the parts together). The frames are the same either way.
             parts = session.run_chunk_parts(band, first_frames_early=len(self.sessions) == 1)
             while True:
                 # Busy time counts the decoding only, not the hand-off of each part.
