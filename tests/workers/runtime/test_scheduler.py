@@ -332,35 +332,6 @@ def test_a_chunks_latents_go_on_before_its_commit_and_the_dit_takes_nothing_else
     assert isinstance(fw.computing.get(Stage.DIT), DenoiseChunk) and a.ended == b.ended == []
 
 
-def test_a_failed_commit_ends_its_session_and_gives_its_slots_back() -> None:
-    fw = make()
-    bad, good = Viewer(), Viewer()
-    sbad = open_session(fw, bad)
-    open_session(fw, good, max_chunks=2)
-    failed = False
-    for _ in range(200):
-        fw.step()
-        cmd = fw.computing.get(Stage.DIT)
-        if not failed and isinstance(cmd, DenoiseChunk) and cmd.session_id == sbad.id and cmd.chunk_index == 1:
-            out, acks = fw.slot(Stage.DIT), (Ack(cmd.cond),)
-            error = "dit stage (rank 0) raised RuntimeError: boom"
-            fw.reply(
-                Stage.DIT,
-                ChunkDone(Stage.DIT, 0, sbad.id, sbad.epoch, 1, 0.5, out, acks, commit_follows=True),
-                ChunkCommitted(Stage.DIT, 0, sbad.id, sbad.epoch, 1, 0.0, error),
-            )
-            failed = True
-            continue
-        for stage in reversed(STAGES):
-            if stage in fw.computing:
-                fw.finish(stage)
-        if bad.ended and good.ended:
-            break
-    assert bad.ended == ["dit stage (rank 0) raised RuntimeError: boom"] and good.ended == [None]
-    assert fw.handed_out == {} and fw.sched.counters["sessions_failed"] == 1
-    assert fw.sched.counters["leaked_slots"] == 0
-
-
 def test_a_dead_stage_fails_every_session() -> None:
     fw = make()
     a, b = Viewer(), Viewer()
