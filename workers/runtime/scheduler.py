@@ -27,6 +27,9 @@ Policy:
   chunk k+1 only once chunk k's frames are out.
 - A chunk's control is sampled when the DiT could start it, from the session's control source,
   which may also hold the chunk back (None: until the next pass; Hold: until a time).
+- A DiT chunk answers twice: its latents (`ChunkDone`, `commit_follows`), which go on to the decode
+  at once, then its commit forward (`ChunkCommitted`), which ends the command: until then the DiT
+  is busy, so no other chunk's control is sampled early.
 - Epochs: every command carries its session's epoch; a reply for a session closed (or failed) since
   is a late result: dropped, counted, and its slots handed back.
 - Snapshots: a session's state is saved at one chunk boundary b on every stage: b is the next
