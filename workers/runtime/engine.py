@@ -12,7 +12,7 @@ so an asyncio server can call them without blocking its loop. The thread wakes o
 worker's death (process sentinel), a request, a control source's Hold or a command's deadline, or
 LOOP_TICK_S.
 
-`warm_up` runs one chunk through every stage so no viewer pays first-call costs. A stage that dies,
+`warm_up` runs two chunks through every stage so no viewer pays first-call costs. A stage that dies,
 fails fatally or hangs past its command deadline fails every session, is killed and restarted at
 once, and the engine warms up again; `healthy` is False until then, and sessions opened meanwhile
 end with an error. A stage that dies takes its parts of every snapshot with it, so every snapshot is
@@ -489,7 +489,9 @@ class PipelineEngine:
             control_source=lambda k: (ChunkControl(), False),
             on_chunk=lambda out: None,
             on_end=ended,
-            max_chunks=1,
+            # Two chunks: a steady chunk's parts differ from a stream's first (its first frames come
+            # apart), so every shape the frame ring carries gets its slots now, not in a viewer's session.
+            max_chunks=2,
         )
         self._carry_out(self.scheduler.open(spec))
 
