@@ -157,7 +157,7 @@ class AppState:
         await self.lag.stop()
 
     async def _load(self) -> None:
-        """Start the engine's workers and run one warm-up chunk; `ready` after that, or the failure
+        """Start the engine's workers and run the warm-up chunks; `ready` after that, or the failure
         recorded (`load_error`) and the process asked to exit."""
         t0 = time.monotonic()
         loop = asyncio.get_running_loop()

@@ -1,8 +1,8 @@
 """The FastAPI application: `create_app(settings)` composes the app state, the middleware, the error
 responses, the routers, the browser client's files and the lifespan.
 
-The engine (stage worker processes) starts in the background when the app starts, then runs one
-warm-up chunk; `/readyz` turns ready after that, and session routes answer 503 until then. Nothing
+The engine (stage worker processes) starts in the background when the app starts, then runs two
+warm-up chunks; `/readyz` turns ready after that, and session routes answer 503 until then. Nothing
 here runs model code or touches a tensor: images are decoded and fitted off the loop, frames arrive
 as ready uint8 arrays, and each session's video fan-out converts and encodes them off the loop too.
 

@@ -30,7 +30,7 @@ class Deadlines:
 
     A kind of command the stage has answered before gets `factor` × the median of its last `window`
     answer times, and at least `floor_s`; one it has never answered (first calls compile and
-    allocate) gets `first_s`. The server's warm-up chunk sends every kind once.
+    allocate) gets `first_s`. The server's warm-up chunks send every kind once.
     """
 
     floor_s: float = 3.0
