@@ -21,7 +21,9 @@ the first chunk that applied it; this client has no display, so a browser adds i
 beside them the server's own repeat/drop counters, and where the latency went (`latency_breakdown`:
 waiting for a chunk to take the control, compute, the pacer's queue, network and client). Per run it
 reports, from the engine, the DiT's idle fraction and every stage's busy seconds over the steady
-window (after each viewer's first chunk), which is where compute shows, separately from delivery.
+window (after each viewer's first chunk), which is where compute shows, separately from delivery,
+and the cores each process used over that window beside the machine's busy, idle and stolen time
+(`benchmarks/cpu_use.py`): whether a missed frame rate is one stage too slow or a full machine.
 
 Runs for several dispatch policies happen one after another against the same server and trace.
 """
@@ -40,6 +42,7 @@ from typing import Any
 
 import httpx
 
+from benchmarks import cpu_use
 from benchmarks.delivery import analyze
 from benchmarks.local_server import local_server
 from benchmarks.stats import summarize
@@ -166,8 +169,10 @@ async def run_policy(args: argparse.Namespace, url: str, trace: Trace, policy: s
                 replays.append(asyncio.create_task(type_prompts(clients[0], args.prompts.split("|"), args.duration_s)))
             await wait_steady(clients)
             steady_t, before = time.perf_counter(), await engine_status(http)
+            cpu_before = cpu_use.read(before["workers"])
             await asyncio.gather(*replays)
             after = await engine_status(http)
+            cpu = cpu_use.cores_used(cpu_before, cpu_use.read(after["workers"]))
             engine = engine_window(before, after, time.perf_counter() - steady_t)
             servers = [await c.server_info() for c in clients]
             timelines = [await c.timeline() for c in clients]
@@ -207,6 +212,7 @@ async def run_policy(args: argparse.Namespace, url: str, trace: Trace, policy: s
         "model": (clients[0].run.ready or {}).get("model"),
         "viewers": viewers,
         "engine": engine | {"event_loop_lag_p99_s": after.get("event_loop_lag_p99_s")},
+        "cpu_cores_used": cpu,
         "wall_s": time.perf_counter() - t0,
     }
 
@@ -275,6 +281,7 @@ def headline(run: dict[str, Any]) -> list[str]:
         f"{run['dispatch']} ({run['model']}): DiT idle {e['dit_idle_fraction']:.2f} of the steady "
         f"{e['window_s']:.0f} s; stage busy s: {busy}"
     )
+    lines.append("  " + cpu_use.describe(run["cpu_cores_used"]))
     for i, v in enumerate(run["viewers"], 1):
         g = v["glass_to_glass_s"]
         fps = v["client_unique_fps"] or 0.0
