@@ -7,8 +7,9 @@
 - `bitrate`: H.264 and VP8 through aiortc's encoders at two configured targets on hard content
   (scrolling noise); the achieved kbps against each target shows the setting takes effect.
 - `render`: one 128×128 frame of the procedural town (training data and evaluation ground truth).
-- `first_part`: the decode of a steady latent frame of gridworld's VAE on one thread, whole and with
-  its first `FIRST_PART_FRAMES` frames apart (workers/stages/decode.py), in turn: when the first
+- `first_part`: the decode of a steady latent frame on one thread by each embedded world's VAE
+  (gridworld's, and gridworld-responsive's per-frame full-resolution stage), whole and with its
+  first `FIRST_PART_FRAMES` frames apart (workers/stages/decode.py), all in turn: when the first
   frames are out, and the whole latent frame's time.
 """
 
@@ -41,6 +42,9 @@ from workers.training.clips import WORLD_SEED
 from workers.world import World
 
 FPS = 16
+# The embedded worlds' VAEs: gridworld's 3-frame decoder, and the responsive preset's, whose
+# full-resolution stage runs frame by frame.
+DECODE_PRESETS = ("gridworld", "gridworld-responsive")
 BITRATE_TARGETS_BPS = (300_000, 2_000_000)
 
 
@@ -104,28 +108,36 @@ def render_cost(repeats: int) -> dict[str, float | None]:
     return time_ms(lambda: world.render(pose, intr, 128, 128), repeats)
 
 
-def first_part_costs(repeats: int) -> dict[str, dict[str, float | None]]:
-    preset = get_preset("gridworld")
-    vae = load_vae(preset, torch.device("cpu"), None)
-    gen = torch.Generator().manual_seed(0)
-    latents = [torch.randn(1, 16, 1, preset.latent_height, preset.latent_width, generator=gen) for _ in range(8)]
-    times: dict[str, list[float]] = {"whole_ms": [], "apart_first_ms": [], "apart_whole_ms": []}
+def first_part_costs(repeats: int, presets: tuple[str, ...] = DECODE_PRESETS) -> dict[str, dict[str, Any]]:
+    """Per preset, its VAE's decode of a steady latent frame on one thread: whole, and with its first
+    frames apart (when they are out, when all are). Every preset's decodes run in turn, so a busy
+    spell hits them alike and their ratio holds within the run."""
+    vaes = {name: load_vae(get_preset(name), torch.device("cpu"), None) for name in presets}
+    shape = {(get_preset(name).latent_height, get_preset(name).latent_width) for name in presets}
+    if len(shape) != 1:
+        raise ValueError(f"{presets} decode latents of different shapes: {sorted(shape)}")
+    (h, w), gen = shape.pop(), torch.Generator().manual_seed(0)
+    latents = [torch.randn(1, 16, 1, h, w, generator=gen) for _ in range(8)]
+    times: dict[str, dict[str, list[float]]] = {
+        name: {"whole_ms": [], "apart_first_ms": [], "apart_whole_ms": []} for name in presets
+    }
     with intra_op_threads(1), torch.inference_mode():
-        whole, apart = vae.new_stream_state(), vae.new_stream_state()
-        for i in range(repeats + 3):  # in turn, so a busy spell hits both alike; 3 to warm up
+        states = {name: (vae.new_stream_state(), vae.new_stream_state()) for name, vae in vaes.items()}
+        for i in range(repeats + 3):  # 3 to warm up
             z = latents[i % len(latents)]
-            t = time.perf_counter()
-            vae.decode_stream(z, whole)
-            took = [(time.perf_counter() - t) * 1e3]
-            t = time.perf_counter()
-            pieces = vae.decode_stream_parts(z, apart, first_frames=FIRST_PART_FRAMES if i else 0)
-            for _ in pieces:
-                took.append((time.perf_counter() - t) * 1e3)
-            if i >= 3:
-                times["whole_ms"].append(took[0])
-                times["apart_first_ms"].append(took[1])
-                times["apart_whole_ms"].append(took[-1])
-    return {name: summarize(values) for name, values in times.items()}
+            for name, vae in vaes.items():
+                whole, apart = states[name]
+                t = time.perf_counter()
+                vae.decode_stream(z, whole)
+                took = [(time.perf_counter() - t) * 1e3]
+                t = time.perf_counter()
+                for _ in vae.decode_stream_parts(z, apart, first_frames=FIRST_PART_FRAMES if i else 0):
+                    took.append((time.perf_counter() - t) * 1e3)
+                if i >= 3:
+                    times[name]["whole_ms"].append(took[0])
+                    times[name]["apart_first_ms"].append(took[1])
+                    times[name]["apart_whole_ms"].append(took[-1])
+    return {name: {k: summarize(v) for k, v in by.items()} for name, by in times.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,11 +158,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{mime}: {pairs}")
     r = report["render_ms"]
     print(f"world render 128x128: median {r['p50']:.2f} ms, p90 {r['p90']:.2f} ms")
-    f = {name: s["p50"] for name, s in report["first_part_ms"].items()}
-    print(
-        f"decode of a latent frame, one thread: whole {f['whole_ms']:.1f} ms; first {FIRST_PART_FRAMES} frames apart: "
-        f"out at {f['apart_first_ms']:.1f} ms, all at {f['apart_whole_ms']:.1f} ms (medians)"
-    )
+    for preset, figures in report["first_part_ms"].items():
+        f = {name: s["p50"] for name, s in figures.items()}
+        print(
+            f"{preset}: decode of a latent frame, one thread: whole {f['whole_ms']:.1f} ms; first "
+            f"{FIRST_PART_FRAMES} frames apart: out at {f['apart_first_ms']:.1f} ms, all at "
+            f"{f['apart_whole_ms']:.1f} ms (medians)"
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -3,6 +3,7 @@
     python -m workers.training                      # all phases into runs/train/gridworld
     python -m workers.training --phase vae          # one phase
     python -m workers.training --install            # ... then copy the weights into the package
+    python -m workers.training --phase decoder --decoder-steps 600 --install   # a tuned decoder alone
     python -m workers.training --dit-init bundled   # the DiT starts from the installed weights' DiT
     python -m workers.training --vae-init bundled   # keep the installed VAE (fine-tune the DiT only)
 
@@ -51,7 +52,7 @@ from workers.training.dit_train import (
     random_text_encoder,
     train_dit,
 )
-from workers.training.export import hardware, install, write_checkpoint
+from workers.training.export import hardware, install, save_module, write_checkpoint
 from workers.training.latents import (
     EVENT_STARTS,
     MOVE_STARTS,
@@ -136,7 +137,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="processes encoding latents")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch CPU threads for training")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="training device")
-    p.add_argument("--install", action="store_true", help="copy the exported weights into the package")
+    p.add_argument(
+        "--install",
+        action="store_true",
+        help="copy the exported weights into the package (with --phase decoder: the tuned VAE alone, beside "
+        "the installed DiT)",
+    )
     p.add_argument(
         "--resume-point",
         default=None,
@@ -320,8 +326,6 @@ def phase_export(args: argparse.Namespace, preset: ModelPreset) -> Path:
     if dit_state is None:
         raise FileNotFoundError(f"no DiT checkpoint in {args.out}; run the dit phase first")
     vae_info = json.loads((args.out / "vae.json").read_text())
-    vae = vae_info["config"]
-    image_steps = vae.get("image_steps", 0)  # VAEs trained before the image phase existed have none
     sets = {
         name: torch.load(args.out / f"{name}.pt", weights_only=False)
         for name in (*WALK_SETS, "moves")
@@ -339,22 +343,12 @@ def phase_export(args: argparse.Namespace, preset: ModelPreset) -> Path:
         },
         "world": {"generator": "workers.world", "seed": WORLD_SEED},
         "data": {
-            "vae": "rendered on the fly from the train split; "
-            f"{image_steps} steps × {vae.get('image_batch', 0)} single frames, then "
-            f"{vae['steps'] - image_steps} steps × {vae['batch']} clips × {vae['clip_frames']} frames"
-            + (
-                f", the last {vae['long_stream_steps']} on streams of 1 + 8·{vae['stream_segments']} frames"
-                " (decoder only)"
-                if vae["long_stream_steps"]
-                else ""
-            )
-            + _decoder_data(vae_info),
+            "vae": _vae_data(vae_info),
             "dit": "; ".join(_set_data(name, data) for name, data in sets.items()),
             "held_out": "evaluation starts lie only in held-out cells; evaluation paths use their own seeds",
         },
         "training": {
-            "vae": {"steps": vae["steps"], "wall_s": vae_info["wall_s"], "history": vae_info["history"]}
-            | ({"decoder": vae_info["decoder"]} if "decoder" in vae_info else {}),
+            "vae": _vae_training(vae_info),
             "latents": {f"{name}_wall_s": data["wall_s"] for name, data in sets.items()},
             "dit": {
                 "steps": dit_state["step"],
@@ -388,13 +382,48 @@ def _set_data(name: str, data: dict) -> str:
     return f"{clips} {what} of {cfg['chunks']} chunks from {starts} train-split starts ({paths} paths each)"
 
 
-def _decoder_data(vae_info: dict) -> str:
-    if "decoder" not in vae_info:
-        return ""
-    cfg = vae_info["decoder"]["history"][-1]["config"]
-    return (
-        f"; then {vae_info['decoder']['steps']} decoder-only steps × {cfg['batch']} clips × {cfg['clip_frames']} frames"
+def _vae_data(vae_info: dict) -> str:
+    """The model card's account of the VAE's training data, the decoder phase's included."""
+    vae = vae_info["config"]
+    image_steps = vae.get("image_steps", 0)  # VAEs trained before the image phase existed have none
+    text = (
+        "rendered on the fly from the train split; "
+        f"{image_steps} steps × {vae.get('image_batch', 0)} single frames, then "
+        f"{vae['steps'] - image_steps} steps × {vae['batch']} clips × {vae['clip_frames']} frames"
     )
+    if vae["long_stream_steps"]:
+        text += (
+            f", the last {vae['long_stream_steps']} on streams of 1 + 8·{vae['stream_segments']} frames (decoder only)"
+        )
+    if "decoder" in vae_info:
+        cfg = vae_info["decoder"]["history"][-1]["config"]
+        clips = f"{cfg['batch']} clips × {cfg['clip_frames']} frames"
+        text += f"; then {vae_info['decoder']['steps']} decoder-only steps × {clips}"
+    return text
+
+
+def _vae_training(vae_info: dict) -> dict:
+    record = {"steps": vae_info["config"]["steps"], "wall_s": vae_info["wall_s"], "history": vae_info["history"]}
+    return record | ({"decoder": vae_info["decoder"]} if "decoder" in vae_info else {})
+
+
+def install_vae(args: argparse.Namespace, preset: ModelPreset) -> Path:
+    """The finished (or decoder-tuned) VAE into the preset's installed weights, its model card's VAE
+    record with it; the DiT there stays. The decoder phase leaves the latents as they were, so a
+    tuned decoder serves with the DiT already installed."""
+    dst = loading.BUNDLED_ROOT / (preset.bundled_weights or preset.name)
+    card_path = dst / loading.MODEL_CARD
+    if not card_path.is_file():
+        raise FileNotFoundError(f"no installed weights in {dst}: export and --install the whole preset first")
+    vae = load_trained_vae(args.out, preset)
+    vae_info = json.loads((args.out / "vae.json").read_text())
+    card = json.loads(card_path.read_text())
+    card["params"]["vae"] = sum(p.numel() for p in vae.parameters())
+    card["data"]["vae"] = _vae_data(vae_info)
+    card["training"]["vae"] = _vae_training(vae_info)
+    save_module(vae, dst / loading.VAE_SAFETENSORS)
+    card_path.write_text(json.dumps(card, indent=2) + "\n")
+    return dst
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -420,6 +449,8 @@ def _run_phases(args: argparse.Namespace, preset: ModelPreset, world: World, pha
         phase_vae(args, preset, world)
     if "decoder" in phases:
         phase_decoder(args, preset, world)
+        if args.install and "export" not in phases:
+            print(f"[decoder] the VAE installed into {install_vae(args, preset)}", flush=True)
     if "latents" in phases:
         phase_latents(args, preset)
     if "events" in phases:

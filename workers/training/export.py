@@ -27,16 +27,16 @@ def hardware() -> dict[str, object]:
     return {"cpu": cpu, "cpu_threads": torch.get_num_threads(), "gpu": gpu, "torch": torch.__version__}
 
 
-def _save(module: nn.Module, path: Path) -> None:
+def save_module(module: nn.Module, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().float().contiguous() for k, v in module.state_dict().items()}, str(path))
 
 
 def write_checkpoint(out: Path, dit: nn.Module, vae: nn.Module, text_encoder: nn.Module, card: dict) -> None:
     """<out>/transformers/model.safetensors, vae.safetensors, text_encoder.safetensors, model_card.json."""
-    _save(dit, out / loading.DIT_SUBDIR / "model.safetensors")
-    _save(vae, out / loading.VAE_SAFETENSORS)
-    _save(text_encoder, out / loading.T5_SAFETENSORS)
+    save_module(dit, out / loading.DIT_SUBDIR / "model.safetensors")
+    save_module(vae, out / loading.VAE_SAFETENSORS)
+    save_module(text_encoder, out / loading.T5_SAFETENSORS)
     (out / loading.MODEL_CARD).write_text(json.dumps(card, indent=2) + "\n")
 
 

@@ -100,3 +100,39 @@ def test_the_phase_tunes_the_decoder_side_alone_resumes_and_runs_once(tmp_path: 
     stamp = (out / "vae.safetensors").stat().st_mtime_ns
     phase_decoder(args, PER_FRAME, world)  # done: nothing to do
     assert (out / "vae.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_a_tuned_vae_installs_beside_the_installed_dit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--phase decoder --install`: the VAE file and the card's VAE record change, the DiT does not."""
+    from workers.models import loading
+    from workers.training.__main__ import install_vae
+
+    out, root = tmp_path / "work", tmp_path / "bundled"
+    out.mkdir()
+    torch.manual_seed(1)
+    tuned = {k: v.contiguous() for k, v in WanVAE(PER_FRAME.vae).state_dict().items()}
+    save_file(tuned, str(out / "vae.safetensors"))
+    config = {"steps": 10, "image_steps": 4, "image_batch": 2, "batch": 3, "clip_frames": 9, "long_stream_steps": 0}
+    decoder = {"steps": 600, "wall_s": 2.0, "history": [{"steps": [0, 600], "config": {"batch": 8, "clip_frames": 9}}]}
+    (out / "vae.json").write_text(json.dumps({"config": config, "wall_s": 1.0, "history": [], "decoder": decoder}))
+    preset = replace(PER_FRAME, bundled_weights="tuned")
+    monkeypatch.setattr(loading, "BUNDLED_ROOT", root)
+    args = _parse(["--out", str(out)])
+    with pytest.raises(FileNotFoundError, match="export and --install the whole preset first"):
+        install_vae(args, preset)
+
+    bundle = root / "tuned"
+    (bundle / loading.DIT_SUBDIR).mkdir(parents=True)
+    dit_file = bundle / loading.DIT_SUBDIR / "model.safetensors"
+    dit_file.write_bytes(b"the installed DiT")
+    card = {"params": {"dit": 5, "vae": 1}, "data": {"vae": "old", "dit": "walks"}, "training": {"vae": {}, "dit": {}}}
+    (bundle / loading.MODEL_CARD).write_text(json.dumps(card))
+
+    assert install_vae(args, preset) == bundle
+    installed = load_file(str(bundle / loading.VAE_SAFETENSORS))
+    assert installed.keys() == tuned.keys() and all(torch.equal(installed[k], tuned[k]) for k in tuned)
+    new_card = json.loads((bundle / loading.MODEL_CARD).read_text())
+    assert new_card["params"] == {"dit": 5, "vae": sum(v.numel() for v in tuned.values())}
+    assert new_card["data"]["vae"].endswith("; then 600 decoder-only steps × 8 clips × 9 frames")
+    assert new_card["data"]["dit"] == "walks" and new_card["training"]["vae"]["decoder"] == decoder
+    assert dit_file.read_bytes() == b"the installed DiT"
