@@ -69,6 +69,9 @@ async def test_stream_controls_and_clean_close(server) -> None:
 
         engine = await wait_until_async(engine_idle, WAIT_S, "the engine to forget the session")
         assert engine["outstanding_slots"] == 0 and engine["counters"]["leaked_slots"] == 0
+        # The server's own torch copies frames out of the workers' slots on one thread, not a pool
+        # spinning on the cores the workers compute on.
+        assert engine["server_intra_op_threads"] == 1
         assert all(st["slots_in_use"] == 0 and st["sessions"] == 0 for st in engine["stages"].values())
         # The session's tasks are gone too (the closed session lingers only as a record for GET).
         assert engine["event_loop_tasks"] <= tasks_idle + 1, (engine["event_loop_tasks"], tasks_idle)

@@ -4,6 +4,7 @@ Prometheus metrics (`/metrics`), both behind the API token."""
 import asyncio
 from typing import Any
 
+import torch
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -26,6 +27,8 @@ async def engine_status(state: StateDep) -> dict[str, Any]:
         "event_loop_lag_p99_s": state.lag.p99_s(),
         "event_loop_tasks": len(asyncio.all_tasks()),
         "peer_connections": int(state.metrics.registry.get_sample_value("worldrtc_peer_connections") or 0),
+        # 1 when started as a server (server/__main__.py): this process copies frames, the workers compute.
+        "server_intra_op_threads": torch.get_num_threads(),
     }
 
 
