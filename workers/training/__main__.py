@@ -410,7 +410,8 @@ def _vae_training(vae_info: dict) -> dict:
 def install_vae(args: argparse.Namespace, preset: ModelPreset) -> Path:
     """The finished (or decoder-tuned) VAE into the preset's installed weights, its model card's VAE
     record with it; the DiT there stays. The decoder phase leaves the latents as they were, so a
-    tuned decoder serves with the DiT already installed."""
+    tuned decoder serves with the DiT already installed. The card's evaluation, made with the old
+    VAE, goes: `world_eval --card` records the new one."""
     dst = loading.BUNDLED_ROOT / (preset.bundled_weights or preset.name)
     card_path = dst / loading.MODEL_CARD
     if not card_path.is_file():
@@ -421,6 +422,7 @@ def install_vae(args: argparse.Namespace, preset: ModelPreset) -> Path:
     card["params"]["vae"] = sum(p.numel() for p in vae.parameters())
     card["data"]["vae"] = _vae_data(vae_info)
     card["training"]["vae"] = _vae_training(vae_info)
+    card.pop("evaluation", None)
     save_module(vae, dst / loading.VAE_SAFETENSORS)
     card_path.write_text(json.dumps(card, indent=2) + "\n")
     return dst
@@ -450,7 +452,8 @@ def _run_phases(args: argparse.Namespace, preset: ModelPreset, world: World, pha
     if "decoder" in phases:
         phase_decoder(args, preset, world)
         if args.install and "export" not in phases:
-            print(f"[decoder] the VAE installed into {install_vae(args, preset)}", flush=True)
+            where = install_vae(args, preset)
+            print(f"[decoder] the VAE installed into {where}; evaluate it into its card: world_eval --card", flush=True)
     if "latents" in phases:
         phase_latents(args, preset)
     if "events" in phases:

@@ -125,7 +125,12 @@ def test_a_tuned_vae_installs_beside_the_installed_dit(tmp_path: Path, monkeypat
     (bundle / loading.DIT_SUBDIR).mkdir(parents=True)
     dit_file = bundle / loading.DIT_SUBDIR / "model.safetensors"
     dit_file.write_bytes(b"the installed DiT")
-    card = {"params": {"dit": 5, "vae": 1}, "data": {"vae": "old", "dit": "walks"}, "training": {"vae": {}, "dit": {}}}
+    card = {
+        "params": {"dit": 5, "vae": 1},
+        "data": {"vae": "old", "dit": "walks"},
+        "training": {"vae": {}, "dit": {}},
+        "evaluation": {"headline": {"vae_psnr_db": 1.0}},  # the old VAE's figures
+    }
     (bundle / loading.MODEL_CARD).write_text(json.dumps(card))
 
     assert install_vae(args, preset) == bundle
@@ -135,4 +140,4 @@ def test_a_tuned_vae_installs_beside_the_installed_dit(tmp_path: Path, monkeypat
     assert new_card["params"] == {"dit": 5, "vae": sum(v.numel() for v in tuned.values())}
     assert new_card["data"]["vae"].endswith("; then 600 decoder-only steps × 8 clips × 9 frames")
     assert new_card["data"]["dit"] == "walks" and new_card["training"]["vae"]["decoder"] == decoder
-    assert dit_file.read_bytes() == b"the installed DiT"
+    assert "evaluation" not in new_card and dit_file.read_bytes() == b"the installed DiT"
