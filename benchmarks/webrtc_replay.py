@@ -22,8 +22,9 @@ beside them the server's own repeat/drop counters, and where the latency went (`
 waiting for a chunk to take the control, compute, the pacer's queue, network and client). Per run it
 reports, from the engine, the DiT's idle fraction and every stage's busy seconds over the steady
 window (after each viewer's first chunk), which is where compute shows, separately from delivery,
-and the cores each process used over that window beside the machine's busy, idle and stolen time
-(`benchmarks/cpu_use.py`): whether a missed frame rate is one stage too slow or a full machine.
+and, for a server on this machine, the cores each process used over that window beside the
+machine's busy, idle and stolen time (`benchmarks/cpu_use.py`): whether a missed frame rate is one
+stage too slow or a full machine.
 
 Runs for several dispatch policies happen one after another against the same server and trace.
 """
@@ -39,6 +40,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -53,6 +55,7 @@ from workers.chunk_geometry import VAE_TIME_STRIDE
 from worldrtc import Session
 
 STEADY_WAIT_S = 120.0  # for every viewer's second chunk to arrive
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,6 +103,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--dispatch takes {valid}, comma-separated")
     args.policies = policies
     return args
+
+
+def server_is_here(url: str) -> bool:
+    """Whether the server runs on this machine, so that the worker pids it lists are processes here."""
+    return urlsplit(url).hostname in LOOPBACK_HOSTS
 
 
 async def engine_status(http: httpx.AsyncClient) -> dict[str, Any]:
@@ -169,10 +177,10 @@ async def run_policy(args: argparse.Namespace, url: str, trace: Trace, policy: s
                 replays.append(asyncio.create_task(type_prompts(clients[0], args.prompts.split("|"), args.duration_s)))
             await wait_steady(clients)
             steady_t, before = time.perf_counter(), await engine_status(http)
-            cpu_before = cpu_use.read(before["workers"])
+            cpu_before = cpu_use.read(before["workers"]) if server_is_here(url) else None
             await asyncio.gather(*replays)
             after = await engine_status(http)
-            cpu = cpu_use.cores_used(cpu_before, cpu_use.read(after["workers"]))
+            cpu = None if cpu_before is None else cpu_use.cores_used(cpu_before, cpu_use.read(after["workers"]))
             engine = engine_window(before, after, time.perf_counter() - steady_t)
             servers = [await c.server_info() for c in clients]
             timelines = [await c.timeline() for c in clients]
@@ -281,7 +289,8 @@ def headline(run: dict[str, Any]) -> list[str]:
         f"{run['dispatch']} ({run['model']}): DiT idle {e['dit_idle_fraction']:.2f} of the steady "
         f"{e['window_s']:.0f} s; stage busy s: {busy}"
     )
-    lines.append("  " + cpu_use.describe(run["cpu_cores_used"]))
+    if run["cpu_cores_used"] is not None:
+        lines.append("  " + cpu_use.describe(run["cpu_cores_used"]))
     for i, v in enumerate(run["viewers"], 1):
         g = v["glass_to_glass_s"]
         fps = v["client_unique_fps"] or 0.0

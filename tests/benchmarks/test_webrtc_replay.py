@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.webrtc_replay import engine_window, latency_breakdown, parse_args
+from benchmarks.webrtc_replay import engine_window, latency_breakdown, parse_args, server_is_here
 from worldrtc.frames import ReceivedFrame, prompt_to_frame_s
 
 
@@ -69,3 +69,9 @@ def test_latency_breakdown_splits_each_controls_way_to_the_screen() -> None:
     assert b["network_and_client"] == pytest.approx(0.15)
     empty = latency_breakdown({"controls": []}, glass_to_glass_p50_s=None)
     assert empty["server"] is None and empty["network_and_client"] is None
+
+
+def test_cpu_is_read_only_for_a_server_on_this_machine() -> None:
+    """Worker pids from /v1/engine name processes here only when the server runs here."""
+    assert server_is_here("http://127.0.0.1:8000") and server_is_here("http://localhost:8000/")
+    assert server_is_here("http://[::1]:8000") and not server_is_here("https://gpu-box.example:8000")
