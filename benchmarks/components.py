@@ -112,8 +112,9 @@ def first_part_costs(repeats: int, presets: tuple[str, ...] = DECODE_PRESETS) ->
     """Per preset, its VAE's decode of a steady latent frame on one thread: whole, and with its first
     frames apart (when they are out, when all are). Every preset's decodes run in turn, so a busy
     spell hits them alike and their ratio holds within the run."""
-    vaes = {name: load_vae(get_preset(name), torch.device("cpu"), None) for name in presets}
-    shape = {(get_preset(name).latent_height, get_preset(name).latent_width) for name in presets}
+    chosen = [get_preset(name) for name in presets]
+    vaes = {p.name: load_vae(p, torch.device("cpu"), None) for p in chosen}
+    shape = {(p.latent_height, p.latent_width) for p in chosen}
     if len(shape) != 1:
         raise ValueError(f"{presets} decode latents of different shapes: {sorted(shape)}")
     (h, w), gen = shape.pop(), torch.Generator().manual_seed(0)

@@ -127,10 +127,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m server") -> int:
     from server.http.lifecycle import serve
     from workers.runtime.channel import remove_orphaned_segments
 
-    # This process runs no model: the stage workers compute, at their own thread counts. Its torch
-    # copies each part of the frames out of its shared-memory slot, and an intra-op pool here would
-    # spin on the cores the workers need: on a busy 2-core machine a 200 kB copy took 6 ms and 9 ms
-    # of CPU on 2 threads, 0.1 ms on one (four to eight a second per viewer of the responsive world).
+    # This process runs no model: the stage workers compute, at their own thread counts. An intra-op
+    # pool here would only spin on the cores they need (see `_host_copy` in workers/runtime/channel.py).
     torch.set_num_threads(1)
 
     # What an earlier server killed with all its workers at once (kill -9 of its process group, the

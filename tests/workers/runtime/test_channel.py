@@ -559,3 +559,15 @@ def test_cuda_ipc_sharded_across_processes() -> None:
 def test_cuda_slot_to_host_consumer() -> None:
     stats = run_cuda_producer((32, 32), None, 1, "cpu", steps=2)
     assert stats["slot_puts"] == 2
+
+
+def test_a_host_copy_is_private_contiguous_and_exact_for_every_dtype() -> None:
+    """The consumer's host copies (made on the calling thread, not torch's intra-op pool)."""
+    from workers.runtime.channel import _host_copy
+
+    for dtype in (torch.uint8, torch.float32, torch.bfloat16):
+        view = torch.arange(48, dtype=torch.float32).to(dtype).view(4, 3, 4)[:, 1:]  # strided, like a shard
+        copy = _host_copy(view)
+        assert copy.dtype == dtype and copy.is_contiguous() and torch.equal(copy, view)
+        view[0, 0, 0] = 99  # the slot is written again: the copy keeps what it read
+        assert copy[0, 0, 0] != 99
